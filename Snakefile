@@ -1,0 +1,41 @@
+# speedproof: ML-systems claims as reproducible, hashed evidence.
+# Rules are thin: each runs one `python -m workflow_src...` entry point. See README.md.
+import os
+import sys
+
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+validate(config, "config/schema.yaml", set_default=True)
+
+# Jobs run `python -m workflow_src...` from this checkout, with the interpreter that runs
+# Snakemake unless rules run in conda environments (--sdm conda), which bring their own.
+_prefix = f'export PYTHONPATH="{workflow.basedir}${{{{PYTHONPATH:+:$PYTHONPATH}}}}"; '
+if "conda" not in {str(m).lower() for m in workflow.deployment_settings.deployment_method}:
+    _prefix += f'export PATH="{os.path.dirname(sys.executable)}:$PATH"; '
+shell.prefix(_prefix)
+
+
+report: "workflow_src/report/captions/workflow.rst"
+
+
+include: "rules/common.smk"
+include: "rules/config.smk"
+include: "rules/environment.smk"
+include: "rules/checkpoint.smk"
+include: "rules/speedup_common.smk"
+include: "rules/speedup.smk"
+include: "rules/bitwise_common.smk"
+include: "rules/bitwise.smk"
+include: "rules/manifest.smk"
+
+
+rule all:
+    input:
+        final_outputs(),
+    default_target: True

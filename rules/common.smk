@@ -1,0 +1,56 @@
+# Shared helpers: config section files and the list of final outputs.
+import json
+
+EXP = config["experiment"]
+MODEL = config["checkpoint"]["name"]
+CKPT_SOURCE = config["checkpoint"]["source"]
+
+
+wildcard_constraints:
+    model=r"[^/]+",
+    exp=r"[^/]+",
+    section=r"[A-Za-z0-9_.]+",
+
+
+def config_value(dotted):
+    value = config
+    for key in dotted.split("."):
+        value = value[key]
+    return value
+
+
+def section_file(dotted):
+    return f"results/config/{dotted}.json"
+
+
+def checkpoint_inputs(wildcards):
+    """The synthetic source also reads the task it pretrains on; hf and local do not."""
+    inputs = {"source": section_file(f"checkpoint.{CKPT_SOURCE}")}
+    if CKPT_SOURCE == "synthetic":
+        inputs["task"] = section_file("task.synthetic_arithmetic")
+    return inputs
+
+
+def checkpoint_sections():
+    return list(checkpoint_inputs(None).values())
+
+
+def report_outputs():
+    """Everything shown in the report, which the experiment manifest also hashes."""
+    outs = ["results/env/environment.json", "results/env/summary.html", f"results/checkpoints/{MODEL}"]
+    if CKPT_SOURCE == "synthetic":
+        outs += [f"results/pretraining/{MODEL}.png", f"results/pretraining/{MODEL}.csv"]
+    return outs + speedup_outputs() + bitwise_outputs()
+
+
+def experiment_sections():
+    """Every config section file the experiment's outputs were made from."""
+    sections = [section_file("environment")] + checkpoint_sections()
+    for exp in sorted(speedup_config().get("comparisons", {})):
+        sections += speedup_sections(exp)
+    sections += [section_file("bitwise.steps")] + [section_file(f"bitwise.runs.{r}") for r in sorted(bitwise_runs())]
+    return sorted(set(sections))
+
+
+def final_outputs():
+    return report_outputs() + [f"results/manifests/{EXP}.json"]

@@ -1,0 +1,70 @@
+# Paired speedup (DESIGN §5): launches A (baseline) → opt (optimized) → B (baseline), then the table.
+# Helpers live in rules/speedup_common.smk. Each launch takes the whole machine: all cores and the single
+# `gpu` token the profile declares, so nothing else is scheduled beside a timed launch.
+rule speedup_launch:
+    input:
+        unpack(speedup_launch_inputs),
+    output:
+        directory("results/speedup/{exp}/{launch}"),
+    wildcard_constraints:
+        launch="A|opt|B",
+    params:
+        command=lambda w: speedup_command(w.exp, w.launch),
+        steps=lambda w: speedup_steps(),
+        flags=speedup_launch_flags,
+    log:
+        "results/logs/speedup/{exp}/{launch}.log",
+    threads: workflow.cores
+    resources:
+        gpu=1,
+    conda:
+        "../envs/speedproof.yaml"
+    shell:
+        "python -m workflow_src.protocol.launch --launch {wildcards.launch} --steps {params.steps}"
+        " --command {params.command:q} --out-dir {output} --environment {input.environment}"
+        " --config-sections {input.sections} {params.flags} > {log} 2>&1"
+
+
+rule paired_speedup:
+    input:
+        unpack(speedup_paired_inputs),
+    output:
+        json="results/speedup/{exp}/speedup.json",
+        csv="results/speedup/{exp}/windows.csv",
+        html=report(
+            "results/speedup/{exp}/windows.html",
+            caption="../workflow_src/report/captions/speedup_windows.rst",
+            category="Paired speedup",
+            subcategory="{exp}",
+            labels={"comparison": "{exp}", "figure": "windows table"},
+        ),
+        bars=report(
+            "results/speedup/{exp}/ratios.png",
+            caption="../workflow_src/report/captions/speedup_ratios.rst",
+            category="Paired speedup",
+            subcategory="{exp}",
+            labels={"comparison": "{exp}", "figure": "ratio per window"},
+        ),
+        trace=report(
+            "results/speedup/{exp}/trace.png",
+            caption="../workflow_src/report/captions/speedup_trace.rst",
+            category="Paired speedup",
+            subcategory="{exp}",
+            labels={"comparison": "{exp}", "figure": "step-time trace"},
+        ),
+    params:
+        warmup=lambda w: speedup_config().get("warmup", 10),
+        windows=lambda w: speedup_config().get("windows", 3),
+        window_steps=lambda w: speedup_config().get("window_steps", 2),
+        flags=speedup_paired_flags,
+    log:
+        "results/logs/speedup/{exp}/paired.log",
+    conda:
+        "../envs/speedproof.yaml"
+    shell:
+        "python -m workflow_src.protocol.paired --exp {wildcards.exp}"
+        " --A {input.A} --opt {input.opt} --B {input.B}"
+        " --warmup {params.warmup} --windows {params.windows} --window-steps {params.window_steps}"
+        " --out-json {output.json} --out-csv {output.csv} --out-html {output.html}"
+        " --out-bars {output.bars} --out-trace {output.trace}"
+        " --environment {input.environment} --config-sections {input.sections} {params.flags} 2> {log}"

@@ -1,0 +1,8 @@
+from workflow_src.report.config_doc import render
+
+from conftest import REPO
+
+
+def test_config_readme_matches_schema():
+    assert (REPO / "config/README.md").read_text() == render(), \
+        "config/README.md is stale: python -m workflow_src.report.config_doc > config/README.md"

@@ -1,0 +1,117 @@
+"""Real snakemake runs of the workflow on a tiny config in a temporary directory."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+from workflow_src.provenance.hashing import sha256_file
+
+pytestmark = pytest.mark.workflow
+
+TINY = {
+    "experiment": "wftest",
+    "checkpoint": {"name": "tiny-test", "synthetic": {
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 96,
+        "pretrain": {"steps_max": 300, "eval_every": 300, "eval_problems": 16, "batch_size": 32, "threads": 1,
+                     "learning_rate": 3e-3, "max_new_tokens": 20, "accuracy_band": {"low": 0.0, "high": 1.0}}}},
+    "task": {"synthetic_arithmetic": {"n_train": 32, "n_test": 32, "n_heldout": 16, "max_operands": 2,
+                                      "operand_max": 20}},
+    "rl": {"prompts_per_step": 2, "group_size": 4, "policy_group_size": 2, "max_new_tokens": 14,
+           "learning_rate": 1e-3, "threads": 1, "eval_prompts": 4},
+    "speedup": {"warmup": 1, "windows": 2, "window_steps": 1},
+    "bitwise": {"steps": 2},
+}
+SPINE = {"config_section": 10, "environment": 1, "checkpoint": 1, "pretraining_curve": 1, "speedup_launch": 3,
+         "paired_speedup": 1, "deterministic_run": 4, "bitwise_compare": 3, "bitwise_summary": 1,
+         "experiment_manifest": 1, "all": 1}
+
+
+def smk(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
+           "--configfile", str(workdir / "config.yaml"), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def jobs_planned(proc) -> dict[str, int]:
+    """Parse the 'Job stats' table of a dry run."""
+    lines = (proc.stdout + proc.stderr).splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("job ") and "count" in l)
+    counts = {}
+    for line in lines[start + 2:]:
+        parts = line.split()
+        if len(parts) != 2 or parts[0] == "total":
+            break
+        counts[parts[0]] = int(parts[1])
+    return counts
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("wf")
+    (wd / "config.yaml").write_text(yaml.safe_dump(TINY))
+    return wd
+
+
+def test_dry_run_plans_the_spine(workdir):
+    assert jobs_planned(smk(workdir, "-n", "--cores", "2")) == SPINE
+
+
+def test_full_run_then_nothing_to_do(workdir):
+    smk(workdir, "--cores", "2")
+    res = workdir / "results"
+    env = json.loads((res / "env/environment.json").read_text())
+    assert env["format"] == "speedproof.environment/1" and len(env["env_hash"]) == 64
+    ckpt = json.loads((res / "checkpoints/tiny-test/MANIFEST.json").read_text())
+    assert "model.safetensors" in ckpt["files"]
+    man = json.loads((res / "manifests/wftest.json").read_text())
+    assert man["environment_sha256"] == env["env_hash"]
+    assert man["checkpoint_manifest_sha256"] == sha256_file(res / "checkpoints/tiny-test/MANIFEST.json")
+    assert man["git"].keys() == {"commit", "dirty"} and len(man["sources_sha256"]) == 64
+    for rel, h in man["outputs"].items():
+        assert sha256_file(workdir / rel) == h["sha256"], rel
+    assert "results/pretraining/tiny-test.png" in man["outputs"]
+    assert not list(res.rglob(".*staging*"))
+
+    speed = json.loads((res / "speedup/full/speedup.json").read_text())
+    assert speed["headline"]["ratio"] > 0 and speed["headline"]["window"] in (1, 2)
+    metas = [json.loads((res / f"speedup/full/{x}/meta.json").read_text()) for x in ("A", "opt", "B")]
+    assert metas[0]["end"]["unix_ns"] <= metas[1]["start"]["unix_ns"] <= metas[1]["end"]["unix_ns"] \
+        <= metas[2]["start"]["unix_ns"]
+    bit = json.loads((res / "bitwise/wftest/comparison.json").read_text())
+    verdicts = {c["candidate"]: (c["pass"], c["as_expected"]) for c in bit["comparisons"]}
+    assert verdicts == {"optimized": (True, True), "baseline_repeat": (True, True), "control": (False, True)}
+
+    again = smk(workdir, "-n", "--cores", "2")
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_forcerun_reruns_rule_and_dependents_only(workdir):
+    proc = smk(workdir, "-n", "--cores", "2", "--forcerun", "pretraining_curve")
+    assert jobs_planned(proc) == {"pretraining_curve": 1, "experiment_manifest": 1, "all": 1}
+
+
+def test_config_change_reruns_only_what_reads_it(workdir):
+    cfg = yaml.safe_load((workdir / "config.yaml").read_text())
+    cfg["environment"] = {"on_pin_mismatch": "warn", "pins": {"torch": ">=2"}}
+    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    plan = jobs_planned(smk(workdir, "-n", "--cores", "2"))
+    # The environment hash feeds the launches' provenance, so they rerun too; the checkpoint does not.
+    assert "checkpoint" not in plan and "deterministic_run" not in plan
+    assert plan["config_section"] == 1 and plan["environment"] == 1 and plan["experiment_manifest"] == 1
+    smk(workdir, "--cores", "2")
+    assert json.loads((workdir / "results/env/environment.json").read_text())["pins_ok"] is True
+
+
+def test_report_builds_with_the_plot(workdir):
+    smk(workdir, "--report", "results/report.html")
+    html = (workdir / "results/report.html").read_text()
+    assert "tiny-test.png" in html and "summary.html" in html
+    assert "Pretraining" in html

@@ -1,0 +1,65 @@
+"""CLI of the `checkpoint` rule: obtain a checkpoint directory and write its MANIFEST.json.
+
+    python -m workflow_src.checkpoints --name NAME --source synthetic \
+        --source-section results/config/checkpoint.synthetic.json \
+        --task-section results/config/task.synthetic_arithmetic.json --out results/checkpoints/NAME
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..provenance.atomic import atomic_directory
+from ..provenance.stamp import load_config_section
+from . import CheckpointError
+from .manifest import write_manifest
+
+
+def build_checkpoint(name: str, source: str, spec: dict, task: dict | None, out: Path,
+                     progress: bool = True) -> dict:
+    """`spec` is the config section `checkpoint.<source>`; `task` is `task.synthetic_arithmetic`."""
+    expected = spec.get("expected_manifest")
+    with atomic_directory(out) as staging:
+        if source == "synthetic":
+            from .synthetic import build
+            if task is None:
+                raise CheckpointError("checkpoint.source synthetic needs the task.synthetic_arithmetic section")
+            build(spec, task, staging, progress=progress)
+            identity = {"synthetic": spec, "task": task}
+        elif source == "hf":
+            from .hub import fetch
+            fetch(spec, staging)
+            identity = {k: spec[k] for k in ("repo_id", "revision", "allow_patterns")}
+        elif source == "local":
+            from .local import fetch
+            fetch(spec, staging)
+            identity = {"path": str(spec["path"])}
+        else:
+            raise CheckpointError(f"checkpoint.source: unknown source {source!r}")
+        return write_manifest(staging, name, source, identity, expected)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--source", required=True, choices=["synthetic", "hf", "local"])
+    ap.add_argument("--source-section", required=True, help="results/config/checkpoint.<source>.json")
+    ap.add_argument("--task-section", help="results/config/task.synthetic_arithmetic.json (synthetic only)")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--no-progress", action="store_true")
+    a = ap.parse_args(argv)
+    spec = load_config_section(a.source_section)["value"]
+    task = load_config_section(a.task_section)["value"] if a.task_section else None
+    try:
+        doc = build_checkpoint(a.name, a.source, spec, task, a.out, progress=not a.no_progress)
+    except CheckpointError as e:
+        print(f"checkpoint: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+    print(f"checkpoint {doc['model']}: {len(doc['files'])} files, {doc['total_bytes']} bytes, "
+          f"files_sha256 {doc['files_sha256'][:16]}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

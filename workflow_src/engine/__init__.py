@@ -1,0 +1,1 @@
+"""Engines: batched generation backends behind one calling convention (prompts in, completions out)."""

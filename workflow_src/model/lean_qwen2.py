@@ -1,0 +1,126 @@
+"""A lean forward over a transformers Qwen2 model's own weights, op for op the same arithmetic.
+
+transformers' Qwen2 forward spends most of its time on a tiny model in host work per call (mask
+construction, cache objects, output classes, hooks). This path performs the same torch operations
+in the same order on the same tensors: embedding, RMSNorm as fp32 pow/mean/rsqrt, biased q/k/v
+projections, rotate-half RoPE from the model's own rotary tables, transformers' own SDPA attention
+function, SiLU-gated MLP, final norm and lm_head. So its outputs are bit-identical to the
+reference wherever the kernels it calls are (the bitwise tests check it; batched GEMMs are only
+batch-invariant above a few rows on some CPU BLAS libraries, which the tests also pin down).
+
+It adds what generation needs: a preallocated KV cache (written in place, read as views) and
+varlen batching, where rows of several groups go through the per-token operations together and
+only attention runs per group, on that group's own key length, so no padding mask is ever needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+
+def _rms(norm: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    x = h.to(torch.float32)
+    var = x.pow(2).mean(-1, keepdim=True)
+    x = x * torch.rsqrt(var + norm.variance_epsilon)
+    return norm.weight * x.to(h.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@dataclass
+class Segment:
+    """`rows` batch rows from `batch_row0` that share one key length (one group of samples),
+    cached at cache rows `cache_row0`.. and starting at position `start`."""
+    batch_row0: int
+    cache_row0: int
+    rows: int
+    start: int
+
+
+class LeanQwen2:
+    """Inference over a (plain, unsharded) transformers Qwen2ForCausalLM's parameters."""
+
+    def __init__(self, model: torch.nn.Module, batch_rows: int, max_len: int):
+        self.model = model
+        cfg = model.config
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.kv_heads = cfg.num_key_value_heads
+        self.layers = list(model.model.layers)
+        dtype = model.model.embed_tokens.weight.dtype
+        device = model.model.embed_tokens.weight.device
+        # The model's own rotary module on positions 0..max_len-1: RoPE is elementwise per position,
+        # so table rows equal what the module computes for any position_ids tensor.
+        pos = torch.arange(max_len, device=device)[None, :]
+        cos, sin = model.model.rotary_emb(torch.zeros(1, dtype=dtype, device=device), pos)
+        self.cos, self.sin = cos[0], sin[0]  # [max_len, head_dim]
+        shape = (batch_rows, self.kv_heads, max_len, self.head_dim)
+        self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
+        self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
+        self.max_len = max_len
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, segments: list[Segment], expand_last: int = 1) -> torch.Tensor:
+        """Run `ids` [B, q] (segments cover the rows in order) and return the last position's
+        logits [B * expand_last, 1, vocab], as transformers does with logits_to_keep=1.
+
+        `expand_last` repeats each row's last hidden state before the final projection, so a
+        prompt prefilled once for a group gets its logits from a GEMM of the group's row count,
+        as the reference (which prefills every row) computes them.
+        """
+        h = self.hidden(ids, segments)
+        last = h[:, -1:, :]
+        if expand_last > 1:
+            last = last.repeat_interleave(expand_last, dim=0)
+        return F.linear(last, self.model.lm_head.weight)
+
+    @torch.no_grad()
+    def hidden(self, ids: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
+        """Final normed hidden states [B, q, hidden] of `ids` (segments cover the rows in order)."""
+        B, q = ids.shape
+        emb = self.model.model.embed_tokens
+        h = F.embedding(ids, emb.weight, emb.padding_idx)
+        start = torch.cat([torch.full((s.rows,), s.start, dtype=torch.long) for s in segments]).to(ids.device)
+        pos = start[:, None] + torch.arange(q, device=ids.device)[None, :]
+        cos = self.cos[pos].unsqueeze(1)
+        sin = self.sin[pos].unsqueeze(1)
+        for li, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            residual = h
+            x = _rms(layer.input_layernorm, h)
+            qs = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
+            ks = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
+            vs = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
+            qs = (qs * cos) + (_rotate_half(qs) * sin)
+            ks = (ks * cos) + (_rotate_half(ks) * sin)
+            outs = []
+            for seg in segments:
+                b = slice(seg.batch_row0, seg.batch_row0 + seg.rows)
+                c = slice(seg.cache_row0, seg.cache_row0 + seg.rows)
+                end = seg.start + q
+                self.k[li][c, :, seg.start:end] = ks[b]
+                self.v[li][c, :, seg.start:end] = vs[b]
+                o, _ = sdpa_attention_forward(attn, qs[b], self.k[li][c, :, :end], self.v[li][c, :, :end], None,
+                                              dropout=0.0, scaling=attn.scaling)
+                outs.append(o)
+            o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+            o = o.reshape(B, q, -1).contiguous()
+            h = residual + F.linear(o, attn.o_proj.weight, attn.o_proj.bias)
+            residual = h
+            x = _rms(layer.post_attention_layernorm, h)
+            mlp = layer.mlp
+            h = residual + F.linear(F.silu(F.linear(x, mlp.gate_proj.weight)) * F.linear(x, mlp.up_proj.weight),
+                                    mlp.down_proj.weight)
+        return _rms(self.model.model.norm, h)
+
+    def copy_rows(self, src_row: int, dst: slice, length: int) -> None:
+        """Broadcast one row's cached keys/values (a shared prompt prefix) to other rows."""
+        for k, v in zip(self.k, self.v):
+            k[dst, :, :length] = k[src_row, :, :length]
+            v[dst, :, :length] = v[src_row, :, :length]

@@ -1,0 +1,1 @@
+"""Provenance: hashes, atomic writes, environment fingerprint, manifests."""

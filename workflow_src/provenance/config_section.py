@@ -1,0 +1,32 @@
+"""Write one validated config section (a dotted path such as `checkpoint.synthetic`) to
+results/config/{section}.json.
+
+Rules depend on the section files they use instead of on the whole config, so that changing
+one section reruns only what reads it (Snakemake reruns this rule when its params change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from .atomic import atomic_write_json
+from .hashing import sha256_json
+
+
+def section_document(section: str, value: Any) -> dict[str, Any]:
+    return {"format": "speedproof.config-section/1", "section": section, "value": value, "sha256": sha256_json(value)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--section", required=True)
+    ap.add_argument("--value-json", required=True, help="the section's value as JSON")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    atomic_write_json(a.out, section_document(a.section, json.loads(a.value_json)))
+
+
+if __name__ == "__main__":
+    main()

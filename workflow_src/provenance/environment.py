@@ -1,0 +1,229 @@
+"""Environment fingerprint (DESIGN §3) and the check of the config's version pins.
+
+The fingerprint has two parts: identity (what decides the numbers: interpreter, platform, CPU
+model, packages, torch/CUDA stack, GPUs, determinism variables), hashed into `env_hash`; and
+circumstance (host name, memory, time, git state), recorded but not hashed, so that the same
+software on the same kind of machine gives the same hash from one run to the next.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib.metadata as md
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from .atomic import atomic_write_json
+from .gitinfo import git_state
+from .hashing import sha256_json
+
+VARIABLE_NAMES = ("CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
+                  "PYTHONHASHSEED", "TRITON_INTERPRET")
+VARIABLE_PREFIXES = ("NCCL_", "TORCH_")
+
+
+class PinMismatch(RuntimeError):
+    pass
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def installed_packages() -> dict[str, str]:
+    pkgs = {}
+    for dist in md.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            pkgs[name.lower().replace("_", "-")] = dist.version
+    return dict(sorted(pkgs.items()))
+
+
+def _nvidia_smi() -> list[dict[str, str]]:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        out = subprocess.run([exe, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    rows = []
+    for line in out.strip().splitlines():
+        name, driver, mem = (x.strip() for x in line.split(","))
+        rows.append({"name": name, "driver": driver, "memory": mem})
+    return rows
+
+
+def torch_stack() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError:
+        return {"installed": False}
+    info: dict[str, Any] = {
+        "installed": True,
+        "version": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nccl": None,
+        "triton": None,
+        "gloo": torch.distributed.is_available() and torch.distributed.is_gloo_available(),
+    }
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        try:
+            info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # noqa: BLE001 - a build without NCCL reports None, not an error
+            info["nccl"] = None
+    return info
+
+
+def gpus() -> dict[str, Any]:
+    smi = _nvidia_smi()
+    models: list[str] = [r["name"] for r in smi]
+    try:
+        import torch
+        if torch.cuda.is_available() and not models:
+            models = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except ImportError:
+        pass
+    return {"count": len(models), "models": models, "driver": smi[0]["driver"] if smi else None,
+            "memory": [r["memory"] for r in smi]}
+
+
+def relevant_variables(environ: dict[str, str] | None = None) -> dict[str, str]:
+    environ = dict(os.environ if environ is None else environ)
+    return {k: v for k, v in sorted(environ.items()) if k in VARIABLE_NAMES or k.startswith(VARIABLE_PREFIXES)}
+
+
+def check_pins(pins: dict[str, str], packages: dict[str, str]) -> list[dict[str, Any]]:
+    """One row per pin. A bare version means ==; any PEP 440 specifier is accepted."""
+    rows = []
+    for name, required in sorted(pins.items()):
+        key = name.lower().replace("_", "-")
+        spec_text = required if required[:1] in "<>=!~" else f"=={required}"
+        try:
+            spec = SpecifierSet(spec_text)
+        except InvalidSpecifier as e:
+            raise ValueError(f"environment.pins.{name}: {required!r} is not a version or PEP 440 specifier") from e
+        installed = packages.get(key)
+        ok = False
+        if installed is not None:
+            try:
+                ok = Version(installed) in spec or spec.contains(installed, prereleases=True)
+            except InvalidVersion:
+                ok = False
+        rows.append({"package": name, "required": spec_text, "installed": installed, "ok": ok})
+    return rows
+
+
+def fingerprint(pins: dict[str, str] | None = None) -> dict[str, Any]:
+    packages = installed_packages()
+    identity = {
+        "python": {"version": platform.python_version(), "implementation": platform.python_implementation()},
+        "platform": {"system": platform.system(), "release": platform.release(), "machine": platform.machine()},
+        "cpu": {"model": _cpu_model(), "logical_cores": os.cpu_count()},
+        "packages": packages,
+        "torch": torch_stack(),
+        "gpu": gpus(),
+        "variables": relevant_variables(),
+    }
+    circumstance = {
+        "hostname": socket.gethostname(),
+        "python_executable": sys.executable,
+        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "memory_bytes": _memory_bytes(),
+        "git": git_state(),
+        "collected_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    pin_rows = check_pins(pins or {}, packages)
+    return {
+        "format": "speedproof.environment/1",
+        "env_hash": sha256_json(identity),
+        **identity,
+        **circumstance,
+        "pins": pin_rows,
+        "pins_ok": all(r["ok"] for r in pin_rows),
+    }
+
+
+def summary_rows(fp: dict[str, Any]) -> list[tuple[str, str]]:
+    t, g = fp["torch"], fp["gpu"]
+    rows = [
+        ("environment hash", fp["env_hash"][:16]),
+        ("host", fp["hostname"]),
+        ("python", f'{fp["python"]["implementation"]} {fp["python"]["version"]}'),
+        ("platform", f'{fp["platform"]["system"]} {fp["platform"]["release"]} {fp["platform"]["machine"]}'),
+        ("CPU", f'{fp["cpu"]["model"]} ({fp["cpu"]["logical_cores"]} logical, {fp["usable_cores"]} usable)'),
+        ("memory", f'{fp["memory_bytes"] / 2**30:.1f} GiB' if fp["memory_bytes"] else "unknown"),
+        ("torch", t.get("version", "not installed")),
+        ("CUDA / cuDNN / NCCL", f'{t.get("cuda")} / {t.get("cudnn")} / {t.get("nccl")}'),
+        ("triton", str(t.get("triton"))),
+        ("GPUs", ", ".join(g["models"]) or "none"),
+        ("driver", str(g["driver"])),
+        ("git", f'{fp["git"]["commit"]}{" (dirty)" if fp["git"]["dirty"] else ""}'),
+        ("packages", str(len(fp["packages"]))),
+    ]
+    rows += [(f"variable {k}", v) for k, v in fp["variables"].items()]
+    rows += [(f'pin {r["package"]}{r["required"]}', f'{r["installed"]} — {"ok" if r["ok"] else "MISMATCH"}')
+             for r in fp["pins"]]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Record the environment fingerprint and check version pins.")
+    ap.add_argument("--config-section", required=True, help="results/config/environment.json")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--summary", help="also write an HTML summary table for the report")
+    a = ap.parse_args(argv)
+
+    from .stamp import load_config_section
+    cfg = load_config_section(a.config_section)["value"]
+    fp = fingerprint(cfg.get("pins", {}))
+    bad = [r for r in fp["pins"] if not r["ok"]]
+    for r in bad:
+        print(f"pin mismatch: {r['package']} requires {r['required']}, installed {r['installed'] or 'nothing'}",
+              file=sys.stderr)
+    if bad and cfg.get("on_pin_mismatch") == "fail":
+        names = ", ".join(r["package"] for r in bad)
+        raise SystemExit(f"environment: pins not met ({names}); environment.on_pin_mismatch is 'fail'")
+    atomic_write_json(a.out, fp)
+    if a.summary:
+        from ..report.tables import html_table
+        from .atomic import atomic_write_text
+        atomic_write_text(a.summary, html_table(["item", "value"], summary_rows(fp), title="Environment"))
+
+
+if __name__ == "__main__":
+    main()

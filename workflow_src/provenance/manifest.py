@@ -1,0 +1,66 @@
+"""The experiment manifest, results/manifests/{exp}.json (DESIGN §2).
+
+sha256 of every output of the experiment, plus what produced them: the full resolved config's
+hash and each config section's, the checkpoint manifest's hash, the environment hash, the git
+commit (+dirty) and the per-file sha256 of the workflow_src sources.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from .atomic import atomic_write_json
+from .hashing import hash_tree, sha256_file, sha256_json
+from .sources import source_hashes
+from .stamp import provenance
+
+
+def output_hashes(paths: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for p in sorted(set(paths)):
+        path = Path(p)
+        if path.is_dir():
+            for rel, h in hash_tree(path).items():
+                out[f"{path.as_posix()}/{rel}"] = h
+        else:
+            out[path.as_posix()] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    return out
+
+
+def build_manifest(experiment: str, config: dict[str, Any], outputs: list[str], sections: list[str],
+                   environment: str | None, checkpoint_dir: str | None) -> dict[str, Any]:
+    ckpt_manifest = Path(checkpoint_dir) / "MANIFEST.json" if checkpoint_dir else None
+    prov = provenance(sections, ckpt_manifest, environment)
+    files = output_hashes(outputs)
+    return {
+        "format": "speedproof.experiment-manifest/1",
+        "experiment": experiment,
+        "config": config,
+        "config_full_sha256": sha256_json(config),
+        **prov,
+        "sources": source_hashes()["files"],
+        "outputs": files,
+        "outputs_sha256": sha256_json(files),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--experiment", required=True)
+    ap.add_argument("--config-json", required=True)
+    ap.add_argument("--environment")
+    ap.add_argument("--checkpoint")
+    ap.add_argument("--sections", nargs="*", default=[])
+    ap.add_argument("--outputs", nargs="+", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    doc = build_manifest(a.experiment, json.loads(a.config_json), a.outputs, a.sections, a.environment,
+                         a.checkpoint)
+    atomic_write_json(a.out, doc)
+
+
+if __name__ == "__main__":
+    main()

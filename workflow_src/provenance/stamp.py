@@ -1,0 +1,42 @@
+"""The provenance block every result JSON carries (DESIGN §2)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .gitinfo import git_state
+from .hashing import sha256_file, sha256_json
+from .sources import source_hashes
+
+
+def load_config_section(path: str | Path) -> dict[str, Any]:
+    """Read a `results/config/{section}.json` file written by the `config_section` rule."""
+    doc = json.loads(Path(path).read_text())
+    if doc.get("format") != "speedproof.config-section/1":
+        raise ValueError(f"{path}: not a speedproof config section file")
+    return doc
+
+
+def provenance(
+    config_sections: Sequence[str | Path] = (),
+    checkpoint_manifest: str | Path | None = None,
+    environment: str | Path | None = None,
+) -> dict[str, Any]:
+    sections = {}
+    for p in config_sections:
+        doc = load_config_section(p)
+        sections[doc["section"]] = doc["sha256"]
+    env_hash = None
+    if environment is not None:
+        env_hash = json.loads(Path(environment).read_text())["env_hash"]
+    return {
+        "config_sections": sections,
+        "config_sha256": sha256_json(sections),
+        "checkpoint_manifest_sha256": sha256_file(checkpoint_manifest) if checkpoint_manifest else None,
+        "environment_sha256": env_hash,
+        "git": git_state(),
+        "sources_sha256": source_hashes()["sha256"],
+    }

@@ -1,0 +1,1 @@
+"""Report pieces: HTML tables, matplotlib plots, captions."""

@@ -1,0 +1,122 @@
+"""The built-in RL subject's CLI (the subject contract of DESIGN §5).
+
+    python -m workflow_src.rl --impl baseline|optimized --checkpoint results/checkpoints/NAME \\
+        --rl-section results/config/rl.json --task-section results/config/task.synthetic_arithmetic.json \\
+        --steps N --out DIR [--deterministic] [--switches a,b|none] [--settings-json '{...}']
+
+Writes DIR/steps.jsonl: one line per (step, rank) with seconds, phases, bit-exact check values
+and statistics; step 0 of rank 0 also carries the step-0 evaluation on the fixed prompt fixture.
+Under torchrun every rank trains (FSDP2, gloo on CPU) and rank 0 writes all ranks' lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from ..provenance.atomic import atomic_write_text
+from ..provenance.stamp import load_config_section
+from .settings import SWITCHES, RLSettings, SettingsError, parse_switches
+
+
+def run_identity(rl_cfg: dict, task_spec: dict, manifest: str | None) -> dict:
+    """What decides the numbers of a run, apart from the switches: runs compare only when it agrees."""
+    from ..provenance.hashing import sha256_file, sha256_json
+    settings = {k: v for k, v in rl_cfg.items() if k not in ("switches", "nproc")}
+    return {"config_sha256": sha256_json(settings), "task_sha256": sha256_json(task_spec),
+            "checkpoint_manifest_sha256": sha256_file(manifest) if manifest else None,
+            "seed": rl_cfg.get("seed", 0)}
+
+
+def write_rank_records(path: Path, impl: str, switches, rank: int, world: int, steps: int, identity: dict,
+                       records: list[dict], final: dict) -> None:
+    lines = [{"kind": "meta", "impl": impl, "switches": sorted(switches), "rank": rank, "world": world,
+              "steps": steps, "identity": identity}]
+    for r in records:
+        c = r["check"]
+        items = {k: c[k] for k in ("loss", "kl", "entropy", "grad_norm", "lr")}
+        items.update(rewards=r["samples"]["rewards"], advantages=r["samples"]["advantages"])
+        items.update({f"tokens.{k}": v for k, v in c["tokens"].items()})
+        lines.append({"kind": "step", "step": r["step"], "rank": rank, "items": items})
+    items = {f"param.{k}": v for k, v in final["parameters"].items()}
+    items.update({f"optim.{k}": v for k, v in final["optimizer"].items()})
+    lines.append({"kind": "final", "rank": rank, "items": items})
+    atomic_write_text(path, "".join(json.dumps(x, sort_keys=True) + "\n" for x in lines))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--impl", choices=["baseline", "optimized"], required=True)
+    ap.add_argument("--checkpoint", type=Path, required=True)
+    ap.add_argument("--rl-section", required=True)
+    ap.add_argument("--task-section", required=True)
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--switches", nargs="*", help=f"optimized only; names from {sorted(SWITCHES)} (space or "
+                                                  "comma separated), or none; default: rl.switches from the config")
+    ap.add_argument("--settings-json", default="{}", help="overrides of rl settings for this launch")
+    ap.add_argument("--records", action="store_true",
+                    help="also write DIR/rank{r}.jsonl: every bit-exact item per step and final parameter "
+                         "and optimizer-state digests (docs/bitwise.md)")
+    ap.add_argument("--checkpoint-manifest", help="MANIFEST.json whose sha256 goes into the records' identity")
+    a = ap.parse_args(argv)
+
+    rl_cfg = {**load_config_section(a.rl_section)["value"], **json.loads(a.settings_json)}
+    task_spec = load_config_section(a.task_section)["value"]
+    try:
+        settings = RLSettings.from_dict(rl_cfg)
+        if a.impl == "baseline":
+            if a.switches is not None and parse_switches(a.switches):
+                raise SettingsError("the baseline takes no switches")
+            switches = frozenset()
+        else:
+            switches = parse_switches(a.switches if a.switches is not None else rl_cfg.get("switches", []))
+    except SettingsError as e:
+        raise SystemExit(f"rl: {e}") from None
+    if a.steps < 1:
+        raise SystemExit("rl: --steps must be >= 1")
+
+    import torch.distributed as dist
+    if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
+        dist.init_process_group("gloo")
+    from .trainer import Trainer
+    trainer = Trainer(a.checkpoint, settings, task_spec, switches, deterministic=a.deterministic)
+    rank = trainer.rank
+    records = []
+    identity = run_identity(rl_cfg, task_spec, a.checkpoint_manifest)
+    try:
+        evaluation = trainer.evaluate()
+        bar = tqdm(range(a.steps), desc=f"rl {a.impl}", disable=rank != 0, file=sys.stderr)
+        for step in bar:
+            rec = trainer.step(step)
+            rec.update(impl=a.impl, switches=sorted(switches))
+            if step == 0 and rank == 0:
+                rec["eval"] = evaluation
+            records.append(rec)
+            bar.set_postfix(s=f"{rec['seconds']:.3f}", reward=f"{rec['stats']['reward_mean']:.2f}")
+    finally:
+        trainer.close()
+    if a.records:
+        final = trainer.final_digests()  # every rank takes part: sharded tensors are gathered
+        write_rank_records(a.out / f"rank{rank}.jsonl", a.impl, switches, rank, trainer.world, a.steps, identity,
+                           records, final)
+    if trainer.distributed:
+        gathered = [None] * trainer.world
+        dist.gather_object(records, gathered if rank == 0 else None, dst=0)
+        all_records = [r for part in gathered for r in part] if rank == 0 else []
+        dist.destroy_process_group()
+    else:
+        all_records = records
+    if rank == 0:
+        all_records.sort(key=lambda r: (r["step"], r["rank"]))
+        atomic_write_text(a.out / "steps.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in all_records))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""RL subject settings (config section `rl`) and the optimization switches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+# Every optimization of the optimized trainer, by name. Each one changes how work is done, never
+# the arithmetic; tests/test_rl_switches.py checks each alone against the baseline's records.
+SWITCHES: dict[str, str] = {
+    "lean_decode": "rollout decodes through the lean forward with a preallocated KV cache instead of transformers generate",
+    "batched_groups": "all groups of a round decode together (varlen: per-token work batched, attention per group)",
+    "shared_prefix": "a group's common prompt is prefilled once and its KV cache broadcast to the group's rows",
+    "reuse_old_logprobs": "no separate old-policy forward: the training forward's detached log-probs serve",
+    "ref_batched": "reference log-probs per (group, round) batch through the lean path, logits only at completion tokens",
+    "reward_overlap": "rewards are submitted before the reference forward and resolved before the advantages",
+}
+REQUIRES = {"batched_groups": "lean_decode", "shared_prefix": "lean_decode"}
+# Deliberately non-equivalent changes: the bitwise comparison must flag them (negative controls).
+CONTROLS: dict[str, str] = {
+    "control_reduction_order": "accumulates the micro-batches' gradients (and losses) in reverse order: "
+                               "the same math, another rounding",
+}
+
+
+class SettingsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class RLSettings:
+    seed: int = 0
+    prompts_per_step: int = 4
+    group_size: int = 8
+    policy_group_size: int = 4
+    rounds: int = 2
+    max_new_tokens: int = 24
+    temperature: float = 1.0
+    learning_rate: float = 1e-4
+    warmup_steps: int = 4
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    kl_coef: float = 0.02
+    clip_eps: float = 0.2
+    max_grad_norm: float = 1.0
+    threads: int = 2
+    eval_prompts: int = 8
+    refine_separator: str = "\n"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RLSettings":
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names - {"switches", "nproc"}
+        if unknown:
+            raise SettingsError(f"rl: unknown settings {sorted(unknown)}")
+        s = cls(**{k: v for k, v in d.items() if k in names})
+        if s.group_size % s.policy_group_size:
+            raise SettingsError(f"rl.policy_group_size ({s.policy_group_size}) must divide rl.group_size "
+                                f"({s.group_size}) so a micro-batch never spans two groups")
+        if s.rounds not in (1, 2):
+            raise SettingsError(f"rl.rounds must be 1 or 2, got {s.rounds}")
+        return s
+
+
+def parse_switches(names: list[str] | str | None) -> frozenset[str]:
+    if names is None:
+        return frozenset()
+    if isinstance(names, str):
+        names = [names]
+    names = [n for chunk in names for n in chunk.replace(",", " ").split() if n != "none"]
+    unknown = sorted(set(names) - set(SWITCHES) - set(CONTROLS))
+    if unknown:
+        raise SettingsError(f"unknown switch(es) {unknown}; known: {sorted(SWITCHES)}, controls: {sorted(CONTROLS)}")
+    chosen = frozenset(names)
+    for sw, needs in REQUIRES.items():
+        if sw in chosen and needs not in chosen:
+            raise SettingsError(f"switch {sw} needs {needs}")
+    return chosen

@@ -1,0 +1,273 @@
+"""One GRPO-style RL step, the baseline way or with the optimized trainer's switches.
+
+Both trainers are this one class: the baseline is every switch off, written as upstream research
+code does it (transformers `generate` per group, synchronous rewards, a separate old-policy
+forward, full-sequence logits per micro-batch). Each switch replaces one piece of work with a
+faster way to compute the same bits, so the two trainers can only differ where a switch does.
+
+A step, per rank: sync the rollout weights; pick prompts; round 1 samples `group_size`
+completions per prompt; round 2 samples again conditioned on each round-1 sequence (kept whole,
+pad tail included, plus a separator); grade both rounds; group-normalize advantages per
+(prompt, round); reference and old-policy log-probs; forward/backward in micro-batches of
+`policy_group_size` rows with the clipped surrogate and a k3 KL to the frozen initial policy;
+clip the gradient norm (pre-clip norm recorded); AdamW with a linear warm-up.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from transformers import AutoTokenizer, Qwen2ForCausalLM
+
+from ..model.lean_qwen2 import LeanQwen2, Segment
+from ..protocol.digest import scalar_hex, tensor_digest
+from ..tasks import synthetic_arithmetic as task
+from .loss import group_advantages, grpo_loss, token_logprobs
+from .rewards import InProcessRewards
+from .rollout import Sampling, rollout_generate, rollout_lean
+from .seeds import derive_seed
+from .settings import RLSettings
+
+
+@dataclass
+class Batch:
+    """Sequences of one (group, round): ids [G, L], completion mask [G, L], prompt length."""
+    group: int
+    round: int
+    ids: torch.Tensor
+    mask: torch.Tensor
+    prompt_len: int
+    answer: str
+    rewards: torch.Tensor | None = None
+    adv: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    old_logp: list[torch.Tensor] = field(default_factory=list)
+
+
+class PhaseTimer:
+    def __init__(self):
+        self.phases: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t
+
+
+class Trainer:
+    def __init__(self, checkpoint: Path, settings: RLSettings, task_spec: dict, switches: frozenset[str],
+                 deterministic: bool = True):
+        self.s, self.sw = settings, switches
+        torch.set_num_threads(settings.threads)
+        if deterministic:
+            torch.use_deterministic_algorithms(True)
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world = dist.get_world_size() if self.distributed else 1
+
+        self.tok = AutoTokenizer.from_pretrained(checkpoint)
+        torch.manual_seed(settings.seed)
+        policy = Qwen2ForCausalLM.from_pretrained(checkpoint, dtype=torch.float32, attn_implementation="sdpa")
+        self.ref = copy.deepcopy(policy).eval().requires_grad_(False)
+        if self.distributed:
+            from torch.distributed.fsdp import fully_shard
+            self.rollout_model = copy.deepcopy(policy).eval().requires_grad_(False)
+            for layer in policy.model.layers:
+                fully_shard(layer)
+            fully_shard(policy)
+        else:
+            self.rollout_model = policy
+        self.policy = policy
+        self.opt = torch.optim.AdamW(policy.parameters(), lr=settings.learning_rate,
+                                     betas=(settings.adam_beta1, settings.adam_beta2), eps=settings.adam_eps,
+                                     weight_decay=settings.weight_decay)
+        warm = max(settings.warmup_steps, 1)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda i: min(1.0, (i + 1) / warm))
+        self.rewards = InProcessRewards(overlap="reward_overlap" in switches)
+        splits = task.make_splits(task_spec)
+        self.train, self.test = splits["train"], splits["test"]
+        eos = self.tok.eos_token_id
+        self.sampling = Sampling(settings.max_new_tokens, settings.temperature, (eos,), self.tok.pad_token_id)
+        self.sep = self.tok(settings.refine_separator, add_special_tokens=False)["input_ids"]
+
+    # ---- pieces -------------------------------------------------------------------------------
+    def _sync_rollout_weights(self) -> None:
+        if self.rollout_model is self.policy:
+            return
+        with torch.no_grad():
+            for (_, dst), (_, src) in zip(self.rollout_model.named_parameters(), self.policy.named_parameters()):
+                dst.copy_(src.full_tensor() if hasattr(src, "full_tensor") else src)
+
+    def _prompts(self, step: int) -> list[task.Problem]:
+        rng = random.Random(derive_seed(self.s.seed, "prompts", step, self.rank))
+        return [self.train[i] for i in rng.sample(range(len(self.train)), self.s.prompts_per_step)]
+
+    def _rollout(self, groups: list[torch.Tensor], seeds: list[int]) -> list[torch.Tensor]:
+        if "lean_decode" in self.sw:
+            return rollout_lean(self.rollout_model, groups, seeds, self.sampling,
+                                batched="batched_groups" in self.sw, shared_prefix="shared_prefix" in self.sw)
+        return rollout_generate(self.rollout_model, groups, seeds, self.sampling)
+
+    def _completion(self, row: torch.Tensor, prompt_len: int) -> tuple[str, torch.Tensor]:
+        """Decoded completion (up to the first eos) and its mask over the whole row."""
+        gen = row[prompt_len:]
+        eos_at = (gen == self.tok.eos_token_id).nonzero()
+        n = int(eos_at[0]) + 1 if len(eos_at) else len(gen)
+        mask = torch.zeros(len(row), dtype=torch.float32)
+        mask[prompt_len:prompt_len + n] = 1.0
+        return self.tok.decode(gen[:n], skip_special_tokens=True), mask
+
+    def _ref_logprobs(self, batches: list[Batch]) -> None:
+        if "ref_batched" in self.sw:
+            for b in batches:
+                lean = LeanQwen2(self.ref, b.ids.shape[0], b.ids.shape[1])
+                h = lean.hidden(b.ids, [Segment(0, 0, b.ids.shape[0], 0)])
+                # Logits only where a completion token is predicted (forward-only, so slicing rows
+                # before the projection changes no bits; positions are per-row independent).
+                want = b.mask[:, 1:].bool()
+                logits = F.linear(h[:, :-1][want], self.ref.lm_head.weight)
+                lp = torch.zeros(b.mask[:, 1:].shape)
+                lp[want] = F.log_softmax(logits.float(), dim=-1).gather(-1, b.ids[:, 1:][want][:, None]).squeeze(-1)
+                b.ref_logp = lp
+            return
+        with torch.no_grad():
+            for b in batches:
+                parts = []
+                for mb in torch.split(b.ids, self.s.policy_group_size):
+                    logp, _ = token_logprobs(self.ref(input_ids=mb).logits, mb)
+                    parts.append(logp)
+                b.ref_logp = torch.cat(parts) * b.mask[:, 1:]
+
+    def _old_logprobs(self, batches: list[Batch]) -> None:
+        with torch.no_grad():
+            for b in batches:
+                b.old_logp = [token_logprobs(self.policy(input_ids=mb).logits, mb)[0]
+                              for mb in torch.split(b.ids, self.s.policy_group_size)]
+
+    # ---- the step -----------------------------------------------------------------------------
+    def step(self, step: int) -> dict[str, Any]:
+        timer = PhaseTimer()
+        t0 = time.perf_counter()
+        s = self.s
+        with timer("sync"):
+            self._sync_rollout_weights()
+        problems = self._prompts(step)
+        batches: list[Batch] = []
+        token_digests = {}
+        handles = []
+        round_inputs = [torch.tensor(self.tok(p.prompt)["input_ids"])[None, :].repeat(s.group_size, 1)
+                        for p in problems]
+        for rnd in range(1, s.rounds + 1):
+            seeds = [derive_seed(s.seed, "sample", step, self.rank, g, rnd) for g in range(len(problems))]
+            with timer(f"rollout_round{rnd}"):
+                seqs = self._rollout(round_inputs, seeds)
+            token_digests[f"round{rnd}"] = tensor_digest(torch.cat([x.flatten() for x in seqs]))
+            with timer("reward_submit"):
+                for g, (p, ids, inp) in enumerate(zip(problems, seqs, round_inputs)):
+                    texts, masks = zip(*(self._completion(row, inp.shape[1]) for row in ids))
+                    b = Batch(g, rnd, ids, torch.stack(masks), inp.shape[1], p.answer)
+                    batches.append(b)
+                    handles.append(self.rewards.submit(list(texts), [p.answer] * len(texts)))
+            sep = torch.tensor(self.sep, dtype=torch.long)[None, :].repeat(s.group_size, 1)
+            round_inputs = [torch.cat([x, sep], 1) for x in seqs]
+        if "reward_overlap" not in self.sw:
+            with timer("reward_wait"):
+                for b, h in zip(batches, handles):
+                    b.rewards = torch.tensor(self.rewards.resolve(h), dtype=torch.float32)
+        with timer("reference"):
+            self._ref_logprobs(batches)
+        if "reward_overlap" in self.sw:
+            with timer("reward_wait"):
+                for b, h in zip(batches, handles):
+                    b.rewards = torch.tensor(self.rewards.resolve(h), dtype=torch.float32)
+        for b in batches:
+            b.adv = group_advantages(b.rewards)
+        if "reuse_old_logprobs" not in self.sw:
+            with timer("old_logprobs"):
+                self._old_logprobs(batches)
+
+        total = sum(b.ids.shape[0] for b in batches)
+        loss_sum = torch.zeros((), dtype=torch.float32)
+        kl_sum = torch.zeros((), dtype=torch.float32)
+        ent_num = torch.zeros((), dtype=torch.float32)
+        ent_den = torch.zeros((), dtype=torch.float32)
+        micro = []
+        for b in batches:
+            n = s.policy_group_size
+            micro += [(b, k, *parts) for k, parts in enumerate(zip(
+                torch.split(b.ids, n), torch.split(b.mask[:, 1:], n), torch.split(b.adv, n),
+                torch.split(b.ref_logp, n)))]
+        if "control_reduction_order" in self.sw:
+            micro.reverse()
+        with timer("train"):
+            self.opt.zero_grad(set_to_none=True)
+            for b, k, mb, m, a, r in micro:
+                logp, ent = token_logprobs(self.policy(input_ids=mb).logits, mb)
+                old = logp.detach() if "reuse_old_logprobs" in self.sw else b.old_logp[k]
+                loss, kl = grpo_loss(logp, old, r, a, m, s.clip_eps, s.kl_coef, total)
+                loss.backward()
+                loss_sum += loss.detach()
+                kl_sum += kl
+                ent_num += (ent.detach() * m).sum()
+                ent_den += m.sum()
+        with timer("optimizer"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), s.max_grad_norm)
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()
+            lr = self.opt.param_groups[0]["lr"]
+            self.opt.step()
+            self.sched.step()
+        seconds = time.perf_counter() - t0
+
+        rewards = torch.cat([b.rewards for b in batches])
+        adv = torch.cat([b.adv for b in batches])
+        entropy = ent_num / ent_den.clamp(min=1)
+        return {
+            "step": step, "rank": self.rank, "seconds": seconds, "phases": timer.phases,
+            "check": {
+                "loss": scalar_hex(loss_sum), "kl": scalar_hex(kl_sum), "entropy": scalar_hex(entropy),
+                "grad_norm": scalar_hex(grad_norm), "lr": scalar_hex(lr),
+                "rewards": tensor_digest(rewards), "advantages": tensor_digest(adv), "tokens": token_digests,
+            },
+            "samples": {"rewards": [scalar_hex(x) for x in rewards], "advantages": [scalar_hex(x) for x in adv]},
+            "stats": {"loss": loss_sum.item(), "kl": kl_sum.item(), "entropy": entropy.item(),
+                      "grad_norm": grad_norm.item(), "lr": lr, "reward_mean": rewards.mean().item(),
+                      "round_reward_mean": {f"round{r}": torch.cat([b.rewards for b in batches if b.round == r])
+                                            .mean().item() for r in range(1, s.rounds + 1)}},
+        }
+
+    def final_digests(self) -> dict[str, dict[str, str]]:
+        """Digests of every parameter and every optimizer-state tensor (all ranks must call: DTensors gather)."""
+        params = {n: tensor_digest(p) for n, p in self.policy.named_parameters()}
+        state = {}
+        for n, p in self.policy.named_parameters():
+            for key, value in sorted(self.opt.state.get(p, {}).items()):
+                state[f"{n}.{key}"] = tensor_digest(value) if isinstance(value, torch.Tensor) else scalar_hex(value)
+        return {"parameters": params, "optimizer": state}
+
+    def evaluate(self) -> dict[str, Any]:
+        """Greedy accuracy on a fixed fixture (the first eval_prompts test problems), as the step-0 check."""
+        from ..engine.hf import greedy_generate
+        from ..tasks.answers import grade
+        self._sync_rollout_weights()
+        fixture = self.test[: self.s.eval_prompts]
+        outs = greedy_generate(self.rollout_model, self.tok, [p.prompt for p in fixture],
+                               max_new_tokens=self.s.max_new_tokens, batch_size=len(fixture))
+        scores = [grade(o, p.answer) for o, p in zip(outs, fixture)]
+        return {"prompts": len(fixture), "accuracy": sum(scores) / max(len(fixture), 1),
+                "completions_sha256": tensor_digest(torch.tensor([ord(c) for c in "\x00".join(outs)]))}
+
+    def close(self) -> None:
+        self.rewards.close()

@@ -1,0 +1,1 @@
+"""Tasks: problem sets (prompts, reference solutions, canonical answers) and answer grading."""
