@@ -32,6 +32,7 @@ include: "rules/speedup_common.smk"
 include: "rules/speedup.smk"
 include: "rules/bitwise_common.smk"
 include: "rules/bitwise.smk"
+include: "rules/operators.smk"
 include: "rules/manifest.smk"
 
 

@@ -40,6 +40,7 @@ def report_outputs():
     outs = ["results/env/environment.json", "results/env/summary.html", f"results/checkpoints/{MODEL}"]
     if CKPT_SOURCE == "synthetic":
         outs += [f"results/pretraining/{MODEL}.png", f"results/pretraining/{MODEL}.csv"]
+    outs += ["results/operators/receipt.json", "results/operators/receipt.html"]
     return outs + speedup_outputs() + bitwise_outputs()
 
 

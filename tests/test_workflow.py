@@ -28,7 +28,7 @@ TINY = {
 }
 SPINE = {"config_section": 10, "environment": 1, "checkpoint": 1, "pretraining_curve": 1, "speedup_launch": 3,
          "paired_speedup": 1, "deterministic_run": 4, "bitwise_compare": 3, "bitwise_summary": 1,
-         "experiment_manifest": 1, "all": 1}
+         "operator_checks": 1, "experiment_manifest": 1, "all": 1}
 
 
 def smk(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:

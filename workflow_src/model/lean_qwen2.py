@@ -21,17 +21,13 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from ..kernels.rmsnorm import rms_norm
+from ..kernels.rope import apply_rope, rope_table
+from ..kernels.swiglu import swiglu_mlp
+
 
 def _rms(norm: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
-    x = h.to(torch.float32)
-    var = x.pow(2).mean(-1, keepdim=True)
-    x = x * torch.rsqrt(var + norm.variance_epsilon)
-    return norm.weight * x.to(h.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return rms_norm(h, norm.weight, norm.variance_epsilon)
 
 
 @dataclass
@@ -57,9 +53,7 @@ class LeanQwen2:
         device = model.model.embed_tokens.weight.device
         # The model's own rotary module on positions 0..max_len-1: RoPE is elementwise per position,
         # so table rows equal what the module computes for any position_ids tensor.
-        pos = torch.arange(max_len, device=device)[None, :]
-        cos, sin = model.model.rotary_emb(torch.zeros(1, dtype=dtype, device=device), pos)
-        self.cos, self.sin = cos[0], sin[0]  # [max_len, head_dim]
+        self.cos, self.sin = rope_table(model.model.rotary_emb, max_len, dtype, device)  # [max_len, head_dim]
         shape = (batch_rows, self.kv_heads, max_len, self.head_dim)
         self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
         self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
@@ -97,8 +91,7 @@ class LeanQwen2:
             qs = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
             ks = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
             vs = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
-            qs = (qs * cos) + (_rotate_half(qs) * sin)
-            ks = (ks * cos) + (_rotate_half(ks) * sin)
+            qs, ks = apply_rope(qs, ks, cos, sin)
             outs = []
             for seg in segments:
                 b = slice(seg.batch_row0, seg.batch_row0 + seg.rows)
@@ -115,8 +108,7 @@ class LeanQwen2:
             residual = h
             x = _rms(layer.post_attention_layernorm, h)
             mlp = layer.mlp
-            h = residual + F.linear(F.silu(F.linear(x, mlp.gate_proj.weight)) * F.linear(x, mlp.up_proj.weight),
-                                    mlp.down_proj.weight)
+            h = residual + swiglu_mlp(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
         return _rms(self.model.model.norm, h)
 
     def copy_rows(self, src_row: int, dst: slice, length: int) -> None:

@@ -1,0 +1,19 @@
+# Operator checks (DESIGN §6): every operator of the fast paths against its reference, bit for bit.
+rule operator_checks:
+    input:
+        environment="results/env/environment.json",
+    output:
+        json="results/operators/receipt.json",
+        html=report(
+            "results/operators/receipt.html",
+            caption="../workflow_src/report/captions/operators.rst",
+            category="Bitwise comparison",
+            labels={"candidate": "operators", "figure": "operator receipt"},
+        ),
+    log:
+        "results/logs/operator_checks.log",
+    conda:
+        "../envs/speedproof.yaml"
+    shell:
+        "python -m workflow_src.kernels.receipt --scale small --device cpu --environment {input.environment}"
+        " --out {output.json} --html {output.html} 2> {log}"
