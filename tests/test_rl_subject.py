@@ -83,10 +83,10 @@ def test_all_switches_match_and_a_changed_seed_does_not(checkpoint, baseline_rec
     assert other[0]["check"]["tokens"] != baseline_records[0]["check"]["tokens"]
 
 
-def run_cli(checkpoint, tmp_path, impl, nproc, steps=2, switches=None):
+def run_cli(checkpoint, tmp_path, impl, nproc, steps=2, switches=None, records=False, name=None):
     rl = write_section(tmp_path / "rl.json", "rl", {**RL, "nproc": nproc})
     task = write_section(tmp_path / "task.json", "task.synthetic_arithmetic", TASK)
-    out = tmp_path / f"{impl}{nproc}"
+    out = tmp_path / (name or f"{impl}{nproc}")
     launcher = [sys.executable, "-m", "workflow_src.rl"]
     if nproc > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
@@ -95,6 +95,8 @@ def run_cli(checkpoint, tmp_path, impl, nproc, steps=2, switches=None):
            "--task-section", str(task), "--steps", str(steps), "--out", str(out), "--deterministic"]
     if switches is not None:
         cmd += ["--switches", switches]
+    if records:
+        cmd += ["--records"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -125,3 +127,27 @@ def test_cli_rejects_bad_input(checkpoint, tmp_path):
                               env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
         assert proc.returncode != 0 and msg in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_fourteen_deterministic_steps_bit_identical(checkpoint, tmp_path):
+    """The acceptance test of every optimization switch: 14 steps, every recorded item, final digests."""
+    from workflow_src.protocol.bitwise import compare, load_run
+    run_cli(checkpoint, tmp_path, "baseline", 1, steps=14, records=True, name="base")
+    run_cli(checkpoint, tmp_path, "optimized", 1, steps=14, records=True, name="opt", switches=",".join(SWITCHES))
+    result = compare(load_run(tmp_path / "base"), load_run(tmp_path / "opt"))
+    assert result["pass"], result["first_divergence"]
+    assert result["steps"] == 14 and result["counts"]["different"] == 0
+    assert any(i.startswith("optim.") for i in result["items"]) and any(i.startswith("param.") for i in result["items"])
+
+
+def test_two_ranks_write_rank_files_and_the_control_is_detected(checkpoint, tmp_path):
+    from workflow_src.protocol.bitwise import compare, load_run
+    run_cli(checkpoint, tmp_path, "baseline", 2, records=True, name="base")
+    run_cli(checkpoint, tmp_path, "optimized", 2, records=True, name="opt")
+    run_cli(checkpoint, tmp_path, "optimized", 2, records=True, name="ctl", switches="control_reduction_order")
+    assert sorted(p.name for p in (tmp_path / "base").glob("rank*.jsonl")) == ["rank0.jsonl", "rank1.jsonl"]
+    assert compare(load_run(tmp_path / "base"), load_run(tmp_path / "opt"))["pass"]
+    ctl = compare(load_run(tmp_path / "base"), load_run(tmp_path / "ctl"))
+    assert not ctl["pass"] and ctl["first_divergence"]["step"] == 0
+    # the reversed accumulation reaches the parameters, not just the recorded loss
+    assert any(i.startswith("param.") and ctl["matrix"][i]["final"] == "different" for i in ctl["matrix"])

@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from ..engine.hf import greedy_generate
+from ..progress import progress_bar
 from ..provenance.atomic import atomic_write_json
 from ..tasks import synthetic_arithmetic as task
 from ..tasks.answers import grade
@@ -188,7 +188,7 @@ def _pretrain(
     losses: list[list[float]] = []
     window: list[float] = []
     since_eval: list[float] = []
-    bar = tqdm(total=pre["steps_max"], desc="pretrain", unit="step", disable=not progress)
+    bar = progress_bar(total=pre["steps_max"], desc="pretrain", unit="step", disable=not progress)
     model.train()
     try:
         for step in range(1, pre["steps_max"] + 1):

@@ -9,8 +9,8 @@ and decoded without special tokens, so callers only ever see generated text.
 from __future__ import annotations
 
 import torch
-from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from ..progress import progress_bar
 
 
 def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -60,7 +60,7 @@ def greedy_generate(
     completions: list[str] = []
     try:
         batches = range(0, len(prompts), batch_size)
-        for start in tqdm(batches, desc="generate", unit="batch", disable=not progress, leave=False):
+        for start in progress_bar(batches, desc="generate", unit="batch", disable=not progress, leave=False):
             rows = tokenizer(prompts[start:start + batch_size])["input_ids"]
             ids, mask = _left_pad(rows, pad_id)
             with torch.inference_mode():

@@ -17,8 +17,8 @@ import time
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
+from ..progress import progress_bar
 from ..provenance.atomic import atomic_write_json, atomic_write_text
 from ..provenance.stamp import provenance
 from ..report.tables import html_table
@@ -30,7 +30,7 @@ def run_checks(names: list[str], scale: str, device: str, progress: bool = True)
     for name in names:
         cases = OPERATORS[name](scale, device)
         failed, errors = [], []
-        for case in tqdm(cases, desc=name, disable=not progress):
+        for case in progress_bar(cases, desc=name, disable=not progress):
             try:
                 ok = case.check()
             except Exception as e:  # noqa: BLE001 - a case that cannot run is reported, not hidden

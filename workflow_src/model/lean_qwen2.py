@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from ..kernels.rmsnorm import rms_norm
+from ..kernels.rmsnorm import add_rms_norm, rms_norm
 from ..kernels.rope import apply_rope, rope_table
 from ..kernels.swiglu import swiglu_mlp
 
@@ -104,9 +104,10 @@ class LeanQwen2:
                 outs.append(o)
             o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
             o = o.reshape(B, q, -1).contiguous()
-            h = residual + F.linear(o, attn.o_proj.weight, attn.o_proj.bias)
+            norm = layer.post_attention_layernorm
+            x, h = add_rms_norm(residual, F.linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight,
+                                norm.variance_epsilon)
             residual = h
-            x = _rms(layer.post_attention_layernorm, h)
             mlp = layer.mlp
             h = residual + swiglu_mlp(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
         return _rms(self.model.model.norm, h)

@@ -17,8 +17,8 @@ import os
 import sys
 from pathlib import Path
 
-from tqdm.auto import tqdm
 
+from ..progress import progress_bar
 from ..provenance.atomic import atomic_write_text
 from ..provenance.stamp import load_config_section
 from .settings import SWITCHES, RLSettings, SettingsError, parse_switches
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     identity = run_identity(rl_cfg, task_spec, a.checkpoint_manifest)
     try:
         evaluation = trainer.evaluate()
-        bar = tqdm(range(a.steps), desc=f"rl {a.impl}", disable=rank != 0, file=sys.stderr)
+        bar = progress_bar(range(a.steps), desc=f"rl {a.impl}", disable=rank != 0, file=sys.stderr)
         for step in bar:
             rec = trainer.step(step)
             rec.update(impl=a.impl, switches=sorted(switches))
