@@ -113,13 +113,33 @@ def speedup_paired_inputs(wildcards):
     inputs["sections"] = speedup_sections(wildcards.exp)
     if speedup_uses_checkpoint(wildcards.exp):
         inputs["checkpoint"] = f"results/checkpoints/{MODEL}"
+    run = speedup_bitwise_run(wildcards.exp)
+    if run is not None:
+        inputs["bitwise"] = f"results/bitwise/{EXP}/compare/{run}.json"
     return inputs
 
 
+def speedup_bitwise_run(exp):
+    """The bitwise run whose switches are this comparison's optimized switches (its verdict decides
+    whether the headline counts), or None."""
+    if not speedup_uses_checkpoint(exp):
+        return None
+    wanted = sorted(speedup_switches(exp, "opt"))
+    for name, run in sorted(config["bitwise"]["runs"].items()):
+        switches = run.get("switches")
+        effective = config["rl"]["switches"] if switches is None else switches
+        if run.get("impl") == "optimized" and run.get("expect", "pass") == "pass" and sorted(effective) == wanted:
+            return name
+    return None
+
+
 def speedup_paired_flags(wildcards, input):
+    flags = []
     if speedup_uses_checkpoint(wildcards.exp):
-        return f"--checkpoint-manifest {shlex.quote(f'{input.checkpoint}/MANIFEST.json')}"
-    return ""
+        flags.append(f"--checkpoint-manifest {shlex.quote(f'{input.checkpoint}/MANIFEST.json')}")
+    if "bitwise" in input.keys():
+        flags.append(f"--bitwise {shlex.quote(input.bitwise)}")
+    return " ".join(flags)
 
 
 def speedup_outputs(exps=None):

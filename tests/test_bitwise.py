@@ -327,3 +327,16 @@ def test_cli_refusal_writes_nothing_even_for_a_control(runs):
         assert proc.returncode == 1
         assert "refused" in proc.stderr and "identity.seed: reference 0, candidate 7" in proc.stderr
         assert not (tmp / "out").exists()
+
+
+def test_speedup_headline_counts_only_bit_exact_switches(tmp_path):
+    from workflow_src.protocol.paired import bitwise_verdict
+    p = tmp_path / "cmp.json"
+    p.write_text(json.dumps({"label": "optimized", "pass": True, "first_divergence": None,
+                             "candidate": {"switches": ["b", "a"]}}))
+    assert bitwise_verdict(p, ["a", "b"])["pass"] is True
+    assert bitwise_verdict(p, ["a"])["pass"] is False  # another switch set was checked
+    p.write_text(json.dumps({"label": "optimized", "pass": False, "first_divergence": {"step": 3},
+                             "candidate": {"switches": ["a"]}}))
+    assert bitwise_verdict(p, ["a"])["pass"] is False
+    assert bitwise_verdict(None, ["a"]) is None

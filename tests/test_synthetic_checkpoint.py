@@ -131,3 +131,20 @@ def test_inconsistent_specs_are_rejected(tmp_path):
         synthetic.build({**SPEC, "num_attention_heads": 4, "num_key_value_heads": 2}, TASK, tmp_path, progress=False)
     with pytest.raises(synthetic.SpecError, match="operators"):
         synthetic.build(SPEC, {**TASK, "operators": ["*"]}, tmp_path, progress=False)
+
+
+def test_checkpoint_rule_cli_gives_identical_manifests(tmp_path):
+    """The `checkpoint` rule's CLI on the synthetic source, twice: the same MANIFEST.json bytes."""
+    from conftest import run_module, write_section
+    spec = write_section(tmp_path / "s.json", "checkpoint.synthetic", SPEC)
+    task_sec = write_section(tmp_path / "t.json", "task.synthetic_arithmetic", TASK)
+    outs = []
+    for i in range(2):
+        out = tmp_path / f"run{i}" / "tiny"
+        run_module("workflow_src.checkpoints", "--name", "tiny", "--source", "synthetic", "--source-section",
+                   str(spec), "--task-section", str(task_sec), "--out", str(out), "--no-progress")
+        outs.append(out)
+    assert (outs[0] / "MANIFEST.json").read_bytes() == (outs[1] / "MANIFEST.json").read_bytes()
+    doc = json.loads((outs[0] / "MANIFEST.json").read_text())
+    assert doc["source"] == "synthetic" and doc["source_spec"]["synthetic"] == SPEC
+    assert "model.safetensors" in doc["files"]

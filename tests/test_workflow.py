@@ -82,6 +82,7 @@ def test_full_run_then_nothing_to_do(workdir):
 
     speed = json.loads((res / "speedup/full/speedup.json").read_text())
     assert speed["headline"]["ratio"] > 0 and speed["headline"]["window"] in (1, 2)
+    assert speed["bitwise"]["run"] == "optimized" and speed["headline"]["counts"] is True
     metas = [json.loads((res / f"speedup/full/{x}/meta.json").read_text()) for x in ("A", "opt", "B")]
     assert metas[0]["end"]["unix_ns"] <= metas[1]["start"]["unix_ns"] <= metas[1]["end"]["unix_ns"] \
         <= metas[2]["start"]["unix_ns"]

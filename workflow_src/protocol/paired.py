@@ -17,6 +17,7 @@ steps on the same ranks and match the sha256 in their meta.json.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -131,12 +132,26 @@ def compute(exp: str, dirs: dict[str, Path], warmup: int, windows: int, window_s
     }
 
 
+def bitwise_verdict(path: Path | None, switches: list[str]) -> dict[str, Any] | None:
+    """Whether the optimized side's switches passed the bitwise comparison (DESIGN §5: only those count)."""
+    if path is None:
+        return None
+    d = json.loads(Path(path).read_text())
+    same = sorted(d["candidate"]["switches"]) == sorted(switches)
+    return {"comparison": str(path), "run": d.get("label"), "switches": d["candidate"]["switches"],
+            "same_switches": same, "pass": bool(d["pass"]) and same, "first_divergence": d.get("first_divergence")}
+
+
 def html_page(doc: dict[str, Any], rows: list[Window]) -> str:
     from ..report.tables import html_table
     h = doc["headline"]
     low_index = h["window"] - 1
+    bw = doc.get("bitwise")
+    bits = ("no bitwise comparison of these switches" if not bw else
+            f"bit-identical over the deterministic steps ({bw['run']})" if bw["pass"] else
+            f"NOT bit-identical ({bw['run']}): the headline does not count")
     title = (f"Paired speedup — {doc['experiment']}: minimum {fmt_ratio(h['ratio'])} in window {h['window']} "
-             f"(steps {h['steps'][0]}–{h['steps'][1]}), highlighted")
+             f"(steps {h['steps'][0]}–{h['steps'][1]}), highlighted; {bits}")
     return html_table(TABLE_HEADER, table_rows(rows), title=title,
                       cell_class=lambda i, j, v: "ok" if i == low_index else None)
 
@@ -197,6 +212,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--environment")
     ap.add_argument("--config-sections", nargs="*", default=[])
     ap.add_argument("--checkpoint-manifest")
+    ap.add_argument("--bitwise", type=Path,
+                    help="the bitwise comparison (compare/{run}.json) of a run with the same switches: the "
+                         "headline counts only when it passed")
     a = ap.parse_args(argv)
     dirs = {launch: getattr(a, launch) for launch in LAUNCHES}
     try:
@@ -204,6 +222,8 @@ def main(argv: list[str] | None = None) -> None:
     except (PairedError, StepLogError, ValueError) as e:
         print(f"paired speedup {a.exp}: refused: {e}", file=sys.stderr)
         raise SystemExit(1) from None
+    doc["bitwise"] = bitwise_verdict(a.bitwise, doc["switches"])
+    doc["headline"]["counts"] = bool(doc["bitwise"] and doc["bitwise"]["pass"])
     doc["provenance"] = provenance(a.config_sections, a.checkpoint_manifest, a.environment)
     rows = [Window(**w) for w in doc["windows"]]
     from ..report.plotting import save_png

@@ -17,7 +17,6 @@ import os
 import sys
 from pathlib import Path
 
-
 from ..progress import progress_bar
 from ..provenance.atomic import atomic_write_text
 from ..provenance.stamp import load_config_section
