@@ -28,13 +28,13 @@ def cases(scale: str, device: str) -> list[Case]:
             got, want = [], []
             with torch.no_grad():
                 cache = DynamicCache(config=cfg)
-                ref = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits
+                ref = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
                 want.append(ref)
                 lean = LeanQwen2(model, rows, t + 8)
                 got.append(lean.forward(ids, [Segment(0, 0, rows, 0)]))
                 for i in range(steps.shape[1]):
                     tok = steps[:, i : i + 1]
-                    want.append(model(input_ids=tok, cache=cache, use_cache=True, logits_to_keep=1).logits)
+                    want.append(model(input_ids=tok, past_key_values=cache, use_cache=True, logits_to_keep=1).logits)
                     got.append(lean.forward(tok, [Segment(0, 0, rows, t + i)]))
             return tuple(got), tuple(want)
         out.append(Case("qwen2_forward", {"hidden": h, "q_heads": hq, "kv_heads": hk, "layers": layers, "rows": rows,

@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(a.operators) - set(OPERATORS)
     if unknown:
         raise SystemExit(f"operator_checks: unknown operators {sorted(unknown)}; known {sorted(OPERATORS)}")
+    if a.device == "cpu":  # Triton kernels on CPU tensors run under the interpreter (kernels/perturb.py)
+        os.environ["TRITON_INTERPRET"] = "1"
     torch.use_deterministic_algorithms(True)
     t0 = time.perf_counter()
     results = run_checks(a.operators, a.scale, a.device)

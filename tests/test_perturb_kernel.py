@@ -1,0 +1,203 @@
+"""The fused Triton reconstruct kernel equals the torch reference bit for bit (kernels/perturb.py).
+
+On the CPU the kernel runs under the Triton interpreter: reconstruct_triton decorates it with
+TRITON_INTERPRET=1 for CPU tensors, whatever the order in which triton was imported (the kernel
+uses only Triton builtins); test_interpreter_with_env_set_before_import runs the documented mode
+(TRITON_INTERPRET=1 before the first triton import) in a fresh process. GPU tests need CUDA.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO
+from workflow_src.kernels import perturb
+from workflow_src.kernels.common import bit_equal
+from workflow_src.randopt import noise
+
+DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _pair(shape, din, dout, seed, sigma, offset, block=perturb.BLOCK, device="cpu"):
+    base = perturb.base_values(shape, DT[din], sigma, seed=3, device=device)
+    got = torch.full(shape, 1.0, dtype=DT[dout], device=device)
+    want = torch.full(shape, 2.0, dtype=DT[dout], device=device)
+    perturb.reconstruct_triton(base, got, seed, sigma, offset, block=block)
+    noise.reconstruct_tensor_reference(base, want, seed, sigma, offset)
+    return base, got, want
+
+
+@pytest.mark.parametrize("din,dout", [("fp32", "fp32"), ("bf16", "bf16"), ("fp16", "fp16"),
+                                      ("fp32", "bf16"), ("fp32", "fp16"), ("bf16", "fp32")])
+@pytest.mark.parametrize("shape,offset,block", [((1031,), 0, 256), ((7, 45), 2**32 - 100, 128),
+                                                ((2, 3, 64), 2**40 + 3, 1024)])
+def test_triton_equals_reference(din, dout, shape, offset, block):
+    for seed, sigma in ((0xDEADBEEF, 1e-3), (5, 0.5)):
+        _, got, want = _pair(shape, din, dout, seed, sigma, offset, block)
+        assert bit_equal(got, want), (din, dout, shape, offset, seed, sigma)
+
+
+def _edge_patterns(n=12_000):
+    """fp32 bit patterns at the rounding edges: bf16 ties, fp16 ties (normal and subnormal), the fp16
+    overflow threshold, ±0, ±inf, NaNs of both signs."""
+    g = torch.Generator().manual_seed(4)
+    u = torch.randint(-2**31, 2**31, (n,), generator=g, dtype=torch.int64)
+    e = torch.randint(95, 115, u.shape, generator=g)
+    sub = (u & 0x807FFFFF) | (e << 23)
+    special = torch.tensor([0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x7F800001,
+                            0x477FEFFF, 0x477FF000, 0x33000000, 0x33000001, 0x387FF000, 0xB3000000])
+    allu = torch.cat([u, (u & ~0xFFFF) | 0x8000, (u & ~0x1FFF) | 0x1000, sub, sub & ~0xFFF, special])
+    return (((allu + 2**31) & 0xFFFFFFFF) - 2**31).to(torch.int32).view(torch.float32)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # numpy on NaN inputs
+@pytest.mark.parametrize("dout", ["bf16", "fp16", "fp32"])
+def test_kernel_rounding_on_edge_patterns(dout):
+    """σ = 0 makes the sum the base itself (up to the sign of zero), so the kernel's hand rounding
+    meets every edge case and is compared with the reference's (itself checked against torch)."""
+    base = _edge_patterns()
+    got, want = torch.empty_like(base, dtype=DT[dout]), torch.empty_like(base, dtype=DT[dout])
+    perturb.reconstruct_triton(base, got, 21, 0.0, 0)
+    noise.reconstruct_tensor_reference(base, want, 21, 0.0, 0)
+    assert bit_equal(got, want)
+    assert torch.isnan(got).sum() == torch.isnan(base).sum() >= 3
+
+
+def test_in_place_and_independent_of_previous_contents():
+    base = perturb.base_values((300,), torch.bfloat16, 1e-3, seed=1, device="cpu")
+    target = torch.randn(300).to(torch.bfloat16)
+    ptr = target.data_ptr()
+    perturb.reconstruct_triton(base, target, 9, 1e-3, 17)
+    once = target.clone()
+    perturb.reconstruct_triton(base, target, 10, 1e-3, 17)  # switch seed, then back
+    perturb.reconstruct_triton(base, target, 9, 1e-3, 17)
+    assert target.data_ptr() == ptr and bit_equal(target, once)
+
+
+def test_negative_controls_are_detected():
+    base, got, want = _pair((513,), "bf16", "bf16", 77, 1e-3, 5)
+    other = torch.empty_like(got)
+    perturb.reconstruct_triton(base, other, 78, 1e-3, 5)  # another seed
+    assert not bit_equal(other, want)
+    perturb.reconstruct_triton(base, other, 77, -1e-3, 5)  # every sign flipped
+    assert not bit_equal(other, want)
+    perturb.reconstruct_triton(base, other, 77, 1e-3, 6)  # index off by one
+    assert not bit_equal(other, want)
+    truncated = (base.float() + noise.signs(77, 5, 513).float() * noise.sigma_fp32(1e-3))
+    truncated = ((truncated.view(torch.int32) >> 16).to(torch.int16)).view(torch.bfloat16)  # no rounding
+    assert not bit_equal(truncated, want)
+
+
+def test_receipt_catches_a_wrong_reference(monkeypatch):
+    def truncating(x, dtype):  # rounding toward zero instead of nearest even
+        if dtype == torch.bfloat16:
+            return (x.view(torch.int32) >> 16).to(torch.int16).view(torch.bfloat16)
+        return x.to(dtype)
+    monkeypatch.setattr(noise, "round_fp32_to", truncating)
+    cases = [c for c in perturb.cases("small", "cpu") if c.params["shape"] == [17, 129]]
+    bad = {(c.params["base"], c.params["target"]) for c in cases if not c.check()}
+    assert bad == {("bf16", "bf16"), ("fp32", "bf16")}
+
+
+def test_whole_model_layout():
+    g = torch.Generator().manual_seed(2)
+    base = {n: torch.randn(*s, generator=g).to(torch.bfloat16)
+            for n, s in (("model.layers.10.w", (9, 31)), ("model.layers.2.w", (1000,)), ("lm_head", (3, 5)))}
+    lay = noise.layout(base)
+    got = {k: torch.zeros_like(v) for k, v in base.items()}
+    want = {k: torch.zeros_like(v) for k, v in base.items()}
+    perturb.reconstruct_all_triton(base, got, 123, 0.5, lay)
+    noise.reconstruct_reference(base, want, 123, 0.5, lay)
+    assert all(bit_equal(got[k], want[k]) for k in base)
+
+
+def test_refuses_bad_inputs():
+    base = torch.zeros(4, 4)
+    with pytest.raises(ValueError):
+        perturb.reconstruct_triton(base, torch.zeros(4, 4).t(), 0, 0.1, 0)  # non-contiguous
+    with pytest.raises(ValueError):
+        perturb.reconstruct_triton(base, torch.zeros(16), 0, 0.1, 0)
+    with pytest.raises(ValueError):
+        perturb.reconstruct_triton(base, torch.zeros(4, 4), 2**32, 0.1, 0)
+    with pytest.raises(TypeError):
+        perturb.reconstruct_triton(base.double(), torch.zeros(4, 4).double(), 0, 0.1, 0)
+
+
+_SCRIPT = """
+import json, sys, torch
+from workflow_src.kernels import perturb
+from workflow_src.protocol.digest import tensor_digest
+import triton.language as tl
+out = {"interpreted_stdlib": type(tl.zeros).__name__}
+for dname, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+    base = perturb.base_values((777,), dtype, 1e-3, seed=4, device="cpu")
+    t = torch.empty_like(base)
+    perturb.reconstruct_triton(base, t, 31337, 1e-3, 2**32 - 300, block=256)
+    out[dname] = tensor_digest(t)
+print(json.dumps(out))
+"""
+
+
+def test_interpreter_with_env_set_before_import():
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc.pop("interpreted_stdlib") == "InterpretedFunction"
+    from workflow_src.protocol.digest import tensor_digest
+    for dname, digest in doc.items():
+        base = perturb.base_values((777,), DT[dname], 1e-3, seed=4, device="cpu")
+        want = torch.empty_like(base)
+        noise.reconstruct_tensor_reference(base, want, 31337, 1e-3, 2**32 - 300)
+        assert digest == tensor_digest(want), dname
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("din,dout", [("fp32", "fp32"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "bf16")])
+def test_gpu_kernel_equals_cpu_reference(din, dout):
+    shape, seed, sigma, offset = (1000, 4099), 0x12345678, 1e-3, 2**32 - 77777
+    base = perturb.base_values(shape, DT[din], sigma, seed=8, device="cpu")
+    want = torch.empty(shape, dtype=DT[dout])
+    noise.reconstruct_tensor_reference(base, want, seed, sigma, offset)
+    got = torch.empty(shape, dtype=DT[dout], device="cuda")
+    perturb.reconstruct_triton(base.cuda(), got, seed, sigma, offset, interpret=False)
+    assert bit_equal(got.cpu(), want)
+    ref_gpu = torch.empty_like(got)
+    noise.reconstruct_tensor_reference(base.cuda(), ref_gpu, seed, sigma, offset)  # torch reference on GPU
+    assert bit_equal(ref_gpu.cpu(), want)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_signs_equal_cpu_signs():
+    assert torch.equal(noise.signs(99, 2**33, 1 << 20, device="cuda").cpu(), noise.signs(99, 2**33, 1 << 20))
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_captured_graph_sees_reconstructed_weights():
+    base = torch.randn(256, 256, device="cuda").to(torch.bfloat16)
+    w = torch.empty_like(base)
+    x = torch.randn(8, 256, device="cuda").to(torch.bfloat16)
+    perturb.reconstruct_triton(base, w, 1, 1e-3, 0, interpret=False)
+    side = torch.cuda.Stream()  # warm-up off the capture (cuBLAS initialises outside it)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            x @ w
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = x @ w
+    for seed in (2, 3):
+        perturb.reconstruct_triton(base, w, seed, 1e-3, 0, interpret=False)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, x @ w)

@@ -1,0 +1,165 @@
+"""GPU benchmark of a RandOpt weight switch: the fused reconstruct kernel against upstream-style
+perturb+restore with materialized noise, on Qwen2-shaped parameter sets, beside a measured
+device-to-device copy (the bandwidth ceiling), plus GPU-vs-CPU sign checks at real sizes.
+
+    python -m workflow_src.kernels.bench_perturb --out bench.json [--shapes 50M 200M 1.5B 7B]
+
+A switch from seed A to seed B is what the population loop pays per seed:
+  perturb+restore: restore A (regenerate A's noise, subtract) + perturb B (generate, add): per tensor
+                   two randn and two in-place adds, as the upstream harness does it;
+  fused:           target ← base + σ·R(B) in one pass from the resident base (4 bytes/param in bf16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from ..randopt import noise
+from .perturb import reconstruct_triton
+
+# (hidden, intermediate, layers, heads, kv_heads, vocab, tied) from the models' public configs.
+QWEN2_SHAPES = {
+    "0.5B": (896, 4864, 24, 14, 2, 151936, True),
+    "1.5B": (1536, 8960, 28, 12, 2, 151936, True),
+    "7B": (3584, 18944, 28, 28, 4, 152064, False),
+}
+
+
+def qwen2_param_shapes(name: str) -> list[tuple[int, ...]]:
+    h, inter, layers, heads, kv, vocab, tied = QWEN2_SHAPES[name]
+    d = h // heads
+    per_layer = [(heads * d, h), (heads * d,), (kv * d, h), (kv * d,), (kv * d, h), (kv * d,), (h, heads * d),
+                 (inter, h), (inter, h), (h, inter), (h,), (h,)]
+    shapes = [(vocab, h)] + per_layer * layers + [(h,)]
+    if not tied:
+        shapes.append((vocab, h))
+    return shapes
+
+
+def flat_shapes(total: int, chunk: int = 50_000_000) -> list[tuple[int, ...]]:
+    return [(min(chunk, total - s),) for s in range(0, total, chunk)]
+
+
+def timed(fn, repeats: int) -> list[float]:
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b))
+    return out
+
+
+def copy_bandwidth(gib: float = 4.0, repeats: int = 10) -> dict:
+    n = int(gib * 2**30)
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = timed(lambda: dst.copy_(src), repeats)
+    med = statistics.median(ms)
+    del src, dst
+    return {"bytes_moved": 2 * n, "ms_median": med, "ms_all": ms, "gb_per_s": 2 * n / med / 1e6}
+
+
+def bench_set(label: str, shapes, sigma: float, repeats: int) -> dict:
+    dtype = torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(0)
+    base = [torch.randn(s, generator=g, device="cuda", dtype=torch.float32).mul_(0.02).to(dtype) for s in shapes]
+    target = [b.clone() for b in base]
+    n = sum(b.numel() for b in base)
+    offsets, off = [], 0
+    for b in base:
+        offsets.append(off)
+        off += b.numel()
+    gen = torch.Generator(device="cuda")
+
+    def perturb(seed: int, sign: float) -> None:
+        for i, p in enumerate(target):
+            gen.manual_seed(seed * 100003 + i)
+            p.add_(torch.randn(p.shape, generator=gen, device="cuda", dtype=dtype), alpha=sign * sigma)
+
+    state = {"seed": 1}
+
+    def switch_old() -> None:  # restore the current seed, then perturb with the next one
+        perturb(state["seed"], -1.0)
+        state["seed"] += 1
+        perturb(state["seed"], +1.0)
+
+    def switch_fused() -> None:
+        state["seed"] += 1
+        for b, t, o in zip(base, target, offsets):
+            reconstruct_triton(b, t, state["seed"], sigma, o)
+
+    perturb(state["seed"], +1.0)
+    old = timed(switch_old, repeats)
+    fused = timed(switch_fused, repeats)
+
+    # Bits: the GPU kernel against the torch reference on the GPU (whole tensors of the first few
+    # parameters) and against the CPU reference on slices of the largest one, at its real offsets.
+    seed = 12345
+    checks = {"gpu_reference_equal": True, "cpu_slices_equal": True, "elements_checked_gpu": 0,
+              "elements_checked_cpu": 0}
+    for b, t, o in list(zip(base, target, offsets))[:4]:
+        reconstruct_triton(b, t, seed, sigma, o)
+        ref = torch.empty_like(t)
+        noise.reconstruct_tensor_reference(b, ref, seed, sigma, o)
+        checks["gpu_reference_equal"] &= bool(torch.equal(t.view(torch.int16), ref.view(torch.int16)))
+        checks["elements_checked_gpu"] += t.numel()
+    big = max(range(len(base)), key=lambda i: base[i].numel())
+    b, t, o = base[big].view(-1), target[big].view(-1), offsets[big]
+    reconstruct_triton(base[big], target[big], seed, sigma, o)
+    for start in (0, b.numel() // 2, max(0, b.numel() - 1_000_000)):
+        sl = slice(start, min(start + 1_000_000, b.numel()))
+        cpu_base = b[sl].cpu()
+        cpu_out = torch.empty_like(cpu_base)
+        noise.reconstruct_tensor_reference(cpu_base, cpu_out, seed, sigma, o + start)
+        checks["cpu_slices_equal"] &= bool(torch.equal(t[sl].cpu().view(torch.int16), cpu_out.view(torch.int16)))
+        checks["elements_checked_cpu"] += cpu_out.numel()
+    med_old, med_fused = statistics.median(old), statistics.median(fused)
+    res = {"label": label, "params": n, "tensors": len(base), "dtype": "bfloat16", "sigma": sigma,
+           "perturb_restore_ms": med_old, "fused_ms": med_fused, "speedup": med_old / med_fused,
+           "fused_bytes": 4 * n, "fused_gb_per_s": 4 * n / med_fused / 1e6,
+           "perturb_restore_ms_all": old, "fused_ms_all": fused, **checks}
+    del base, target
+    torch.cuda.empty_cache()
+    return res
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", nargs="*", default=["50M", "200M", "1.5B", "7B"])
+    ap.add_argument("--sigma", type=float, default=1e-3)
+    ap.add_argument("--repeats", type=int, default=10)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_perturb needs a CUDA device")
+    t0 = time.time()
+    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy": copy_bandwidth(), "sets": []}
+    import triton
+    doc["triton"] = triton.__version__
+    for label in a.shapes:
+        shapes = flat_shapes({"50M": 50_000_000, "200M": 200_000_000}[label]) if label.endswith("M") \
+            else qwen2_param_shapes(label)
+        r = bench_set(label if label.endswith("M") else f"Qwen2.5-{label} shapes", shapes, a.sigma, a.repeats)
+        r["fraction_of_copy_bandwidth"] = r["fused_gb_per_s"] / doc["copy"]["gb_per_s"]
+        doc["sets"].append(r)
+        print(f"{r['label']:>22}: {r['params'] / 1e9:.3f}B params, perturb+restore {r['perturb_restore_ms']:.2f} ms,"
+              f" fused {r['fused_ms']:.2f} ms ({r['speedup']:.1f}x, {r['fused_gb_per_s']:.0f} GB/s ="
+              f" {100 * r['fraction_of_copy_bandwidth']:.0f}% of copy), bits gpu={r['gpu_reference_equal']}"
+              f" cpu={r['cpu_slices_equal']}", flush=True)
+    doc["seconds"] = time.time() - t0
+    with open(a.out, "w") as f:
+        json.dump(doc, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

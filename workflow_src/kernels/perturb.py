@@ -1,0 +1,223 @@
+"""RandOpt's fused reconstruct: target ← base + σ·R(seed, offset + j), one pass, in place (DESIGN §7).
+
+The Triton kernel reads the resident base copy and writes the (possibly graph-captured) target
+tensor's storage; it hashes the global element index itself (MurmurHash3_x86_32 of the index's
+8 little-endian bytes, the seed as the hash seed: `workflow_src/randopt/noise.py` and
+docs/randopt-noise.md are the spec) and rounds the fp32 sum to bf16/fp16 by hand (nearest even) from
+the fp32 bits: the Triton interpreter truncates on `.to(bfloat16)`, and bit-level rounding is the
+same on every backend. bf16/fp16 tensors travel as int16 views of their bits.
+
+Reference: `noise.reconstruct_tensor_reference` (torch, int64 hash arithmetic, its own rounding
+helpers, checked against torch's `.to()` in tests/test_randopt_noise.py).
+
+Triton is imported and the kernel decorated on first use. CPU tensors always go through the Triton
+interpreter (TRITON_INTERPRET=1 semantics; the kernel is decorated while the variable is set), CUDA
+tensors through the compiled kernel unless TRITON_INTERPRET=1 is set in the environment.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - the receipt then reports these cases as errors
+    triton = tl = None
+
+from ..randopt import noise
+from .common import DTYPES, Case
+
+BLOCK = 1024
+_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
+                      IN_KIND: tl.constexpr, OUT_KIND: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    local = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    mask = local < n
+    idx = offset.to(tl.int64) + local
+
+    # h = MurmurHash3_x86_32(idx as 8 little-endian bytes, seed), in uint32; the multiplies and adds
+    # wrap on purpose (sanitize_overflow=False: TRITON_DEBUG's overflow check must not flag them)
+    h = tl.full([BLOCK], 0, tl.uint32) + seed.to(tl.uint32)
+    k = idx.to(tl.uint32)  # the low word (truncation), then the high word
+    k = tl.mul(k, 0xCC9E2D51, sanitize_overflow=False)
+    k = (k << 15) | (k >> 17)
+    k = tl.mul(k, 0x1B873593, sanitize_overflow=False)
+    h = h ^ k
+    h = (h << 13) | (h >> 19)
+    h = tl.add(tl.mul(h, 5, sanitize_overflow=False), 0xE6546B64, sanitize_overflow=False)
+    k = (idx >> 32).to(tl.uint32)
+    k = tl.mul(k, 0xCC9E2D51, sanitize_overflow=False)
+    k = (k << 15) | (k >> 17)
+    k = tl.mul(k, 0x1B873593, sanitize_overflow=False)
+    h = h ^ k
+    h = (h << 13) | (h >> 19)
+    h = tl.add(tl.mul(h, 5, sanitize_overflow=False), 0xE6546B64, sanitize_overflow=False)
+    h = h ^ 8  # the key length in bytes
+    h = h ^ (h >> 16)
+    h = tl.mul(h, 0x85EBCA6B, sanitize_overflow=False)
+    h = h ^ (h >> 13)
+    h = tl.mul(h, 0xC2B2AE35, sanitize_overflow=False)
+    h = h ^ (h >> 16)
+    neg = (h >> 31) != 0  # R = -1 where bit 31 is set
+
+    # fp32(base), exact
+    if IN_KIND == 1:  # bf16 bits in an int16 view
+        bits = tl.load(base_ptr + local, mask=mask, other=0).to(tl.uint16, bitcast=True)
+        b = (bits.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    elif IN_KIND == 2:  # fp16 bits in an int16 view; widening is exact
+        b = tl.load(base_ptr + local, mask=mask, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    else:
+        b = tl.load(base_ptr + local, mask=mask, other=0.0)
+    s = sigma + tl.full([BLOCK], 0.0, tl.float32)  # fp32 in both modes (the interpreter passes a float)
+    v = tl.where(neg, b - s, b + s)  # one IEEE fp32 add of ±σ (b − σ ≡ b + (−σ); -s would be 0 − s)
+
+    if OUT_KIND == 0:
+        tl.store(target_ptr + local, v, mask=mask)
+    else:
+        u = v.to(tl.uint32, bitcast=True)
+        sgn = (u >> 16) & 0x8000
+        a = u & 0x7FFFFFFF
+        if OUT_KIND == 1:  # bf16: add 0x7FFF + lsb, keep the high half
+            r = tl.add(u, 0x7FFF + ((u >> 16) & 1), sanitize_overflow=False) >> 16  # NaNs may wrap
+            r = tl.where(a > 0x7F800000, sgn | 0x7FC0, r)
+        else:  # fp16
+            rb = tl.sub(a, 0x38000000, sanitize_overflow=False)  # rebias 127 -> 15 (wraps where unused)
+            normal = tl.add(rb, 0x0FFF + ((rb >> 13) & 1), sanitize_overflow=False) >> 13
+            e = (a >> 23).to(tl.int32)
+            m = (a & 0x7FFFFF) | 0x800000
+            sh = tl.minimum(tl.maximum(126 - e, 1), 25).to(tl.uint32)
+            q = m >> sh
+            rem = m & ((tl.full([BLOCK], 1, tl.uint32) << sh) - 1)
+            half = tl.full([BLOCK], 1, tl.uint32) << (sh - 1)
+            up = (rem > half) | ((rem == half) & ((q & 1) == 1))
+            sub = q + up.to(tl.uint32)
+            r = tl.where(a >= 0x38800000, normal, sub)
+            r = tl.where(a >= 0x477FF000, 0x7C00, r)
+            r = tl.where(a > 0x7F800000, 0x7E00, r)
+            r = r | sgn
+        tl.store(target_ptr + local, r.to(tl.uint16).to(tl.int16, bitcast=True), mask=mask)
+
+
+@functools.cache
+def _kernel(interpret: bool):
+    """The jitted kernel, decorated with TRITON_INTERPRET set to `interpret` (read at decoration)."""
+    if triton is None:
+        raise ImportError("the perturb kernel needs triton (requirements.txt pins it)")
+    prev = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+    try:
+        return triton.jit(_reconstruct_body, do_not_specialize=["n", "offset", "seed", "sigma"])
+    finally:
+        if prev is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = prev
+
+
+def __getattr__(name: str):
+    if name == "reconstruct_kernel":  # the jitted kernel, in the mode this process would launch it
+        return _kernel(os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available())
+    raise AttributeError(name)
+
+
+def _bits_view(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.float32 else t.view(torch.int16)
+
+
+@torch.no_grad()
+def reconstruct_triton(base: torch.Tensor, target: torch.Tensor, seed: int, sigma: float, offset: int,
+                       block: int = BLOCK, interpret: bool | None = None) -> torch.Tensor:
+    """target ← round_to(target.dtype, fp32(base) + fp32(σ)·R(seed, offset + j)), in place, one pass.
+
+    `interpret`: run the Triton interpreter (None: for CPU tensors, or when TRITON_INTERPRET=1).
+    """
+    noise.check_seed(seed)
+    if base.shape != target.shape or base.device != target.device:
+        raise ValueError("base and target must have the same shape and device")
+    if base.dtype not in _KIND or target.dtype not in _KIND:
+        raise TypeError(f"RandOpt tensors are fp32, bf16 or fp16 (base {base.dtype}, target {target.dtype})")
+    if not (base.is_contiguous() and target.is_contiguous()):
+        raise ValueError("reconstruct_triton needs contiguous base and target tensors")
+    n = base.numel()
+    if offset < 0 or offset + n > noise.MAX_INDEX:
+        raise ValueError(f"index range [{offset}, {offset + n}) outside [0, 2**63)")
+    if n == 0:
+        return target
+    if interpret is None:
+        interpret = base.device.type == "cpu" or os.environ.get("TRITON_INTERPRET") == "1"
+    kernel = _kernel(interpret)
+    grid = ((n + block - 1) // block,)
+    kernel[grid](_bits_view(base), _bits_view(target), n, offset, seed, noise.sigma_fp32(sigma),
+                 IN_KIND=_KIND[base.dtype], OUT_KIND=_KIND[target.dtype], BLOCK=block)
+    return target
+
+
+def reconstruct_reference(base: torch.Tensor, target: torch.Tensor, seed: int, sigma: float,
+                          offset: int) -> torch.Tensor:
+    """The torch reference (randopt.noise), same signature as reconstruct_triton."""
+    return noise.reconstruct_tensor_reference(base, target, seed, sigma, offset)
+
+
+def reconstruct_all_triton(base, target, seed: int, sigma: float, layout) -> None:
+    """Every laid-out target tensor ← base + σ·R(seed, ·) with the Triton kernel (cf. noise.reconstruct_reference)."""
+    noise.check_seed(seed)
+    for name, offset, numel in layout:
+        if base[name].numel() != numel or target[name].numel() != numel:
+            raise ValueError(f"{name}: layout says {numel} elements")
+        reconstruct_triton(base[name], target[name], seed, sigma, offset)
+
+
+def base_values(shape, dtype: torch.dtype, sigma: float, seed: int, device) -> torch.Tensor:
+    """Weight-like values plus the edge cases of the sum: ±σ (exact cancellation: +0 and subnormal
+    remainders), zeros of both signs, and large magnitudes (fp16 overflow to inf)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(shape, generator=g, device=device) * 0.05
+    flat = x.view(-1)
+    pick = torch.randint(0, 8, flat.shape, generator=g, device=device)
+    s = noise.sigma_fp32(sigma)
+    flat[pick == 0] = s
+    flat[pick == 1] = -s
+    flat[pick == 2] = 0.0
+    flat[pick == 3] = -0.0
+    big = {torch.float16: 65504.0, torch.bfloat16: 3.0e38, torch.float32: 3.0e38}[dtype]
+    flat[pick == 4] = big * torch.sign(flat[pick == 4] + 1e-30)
+    return x.to(dtype)
+
+
+def cases(scale: str, device: str) -> list[Case]:
+    if scale == "small":
+        shapes = ((1,), (37,), (1024,), (17, 129), (4099,))
+        blocks = (BLOCK, 256)
+    else:
+        shapes = ((896, 4864), (151936, 896), (1, 1_000_003), (3584, 18944))
+        blocks = (BLOCK,)
+    dtype_pairs = [(d, d) for d in DTYPES] + [("fp32", "bf16"), ("fp32", "fp16")]
+    offsets = (0, 12345, 2**32 - 100, 2**40 + 7)
+    sigmas = (1e-3, 0.5)
+    seeds = (0, 1, 0x7FFFFFFF, 0x9E3779B9, 0xFFFFFFFF)  # 32-bit scalars typed i32 and u32 by Triton
+    out = []
+    grid = itertools.product(shapes, dtype_pairs, offsets, sigmas)
+    for i, (shape, (din, dout), offset, sigma) in enumerate(grid):
+        seed, block = seeds[i % len(seeds)], blocks[(i // 3) % len(blocks)]
+
+        def run(shape=shape, din=DTYPES[din], dout=DTYPES[dout], offset=offset, sigma=sigma, block=block,
+                seed=seed):
+            base = base_values(shape, din, sigma, seed=offset % 1000 + len(shape), device=device)
+            target = torch.full(shape, 7.0, dtype=dout, device=device)
+            want = torch.full(shape, -7.0, dtype=dout, device=device)
+            ptr = target.data_ptr()
+            reconstruct_triton(base, target, seed, sigma, offset, block=block)
+            assert target.data_ptr() == ptr  # in place
+            reconstruct_reference(base, want, seed, sigma, offset)
+            return (target,), (want,)
+        out.append(Case("perturb", {"shape": list(shape), "base": din, "target": dout, "offset": offset,
+                                    "sigma": sigma, "seed": seed, "block": block}, run))
+    return out
