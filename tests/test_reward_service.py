@@ -1,0 +1,211 @@
+"""Reward service: WSGI app units, and a real gunicorn on loopback (RewardService + RewardClient)."""
+
+import io
+import json
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from workflow_src.reward.app import create_app
+from workflow_src.reward.client import RewardClient, RewardServiceError
+from workflow_src.reward.service import RewardService, RewardServiceStartError, free_port
+from workflow_src.rl.rewards import InProcessRewards
+
+COMPLETIONS = ["so #### 70", "#### 70.5", "no answer", "#### $1,000.", "#### -0", "a\n#### 12\nb"]
+ANSWERS = ["70.0", "71", "3", "1000", "0", "12"]
+
+
+def call(app, method, path, body=b"", content_length=None):
+    environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "wsgi.input": io.BytesIO(body),
+               "CONTENT_LENGTH": str(len(body) if content_length is None else content_length)}
+    seen = {}
+
+    def start_response(status, headers):
+        seen["status"], seen["headers"] = int(status.split()[0]), dict(headers)
+
+    out = b"".join(app(environ, start_response))
+    assert seen["headers"]["Content-Type"] == "application/json"
+    return seen["status"], json.loads(out)
+
+
+def score_body(**overrides):
+    doc = {"id": "r1", "task": "synthetic_arithmetic", "completions": COMPLETIONS, "answers": ANSWERS}
+    doc.update(overrides)
+    return json.dumps(doc).encode()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by init) counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def worker_pids(url: str, n: int = 20) -> set[int]:
+    """Worker pids seen from the `pid` in responses (fresh connections, so both workers show up)."""
+    pids = set()
+    for _ in range(n):
+        r = requests.post(f"{url}/score", timeout=5, headers={"Connection": "close"},
+                          json={"id": "p", "task": "synthetic_arithmetic", "completions": [], "answers": []})
+        pids.add(r.json()["pid"])
+    return pids
+
+
+def expected(completions=COMPLETIONS, answers=ANSWERS):
+    return InProcessRewards(overlap=False).score(completions, answers)
+
+
+def test_app_health_and_score():
+    app = create_app()
+    status, doc = call(app, "GET", "/health")
+    assert status == 200 and doc == {"status": "ok", "pid": os.getpid()}
+    status, doc = call(app, "POST", "/score", score_body())
+    assert status == 200
+    assert doc == {"id": "r1", "rewards": expected(), "pid": os.getpid()}
+    assert doc["rewards"] == [1.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    status, doc = call(app, "POST", "/score", score_body(completions=[], answers=[]))
+    assert status == 200 and doc["rewards"] == []
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (b"{not json", "malformed JSON"),
+    (b"\xff\xfe", "malformed JSON"),
+    (b"[1, 2]", "JSON object"),
+    (json.dumps({"id": "x"}).encode(), "missing keys"),
+    (score_body(id=3), "id must be a string"),
+    (score_body(completions="#### 1"), "completions must be a list of strings"),
+    (score_body(answers=[1, 2, 3, 4, 5, 6]), "answers must be a list of strings"),
+    (score_body(answers=ANSWERS[:-1]), "length mismatch"),
+    (score_body(task="gsm8k_maybe"), "unknown task"),
+])
+def test_app_bad_requests(body, fragment):
+    status, doc = call(create_app(), "POST", "/score", body)
+    assert status == 400 and fragment in doc["error"]
+
+
+def test_app_limits_paths_methods():
+    app = create_app(max_body_bytes=100)
+    status, doc = call(app, "POST", "/score", b"x" * 101)
+    assert status == 413 and "100" in doc["error"]
+    assert call(app, "POST", "/score", b"", content_length="abc")[0] == 400
+    assert call(app, "GET", "/nope")[0] == 404
+    assert call(app, "GET", "/score")[0] == 405
+    assert call(app, "POST", "/health")[0] == 405
+
+
+@pytest.fixture(scope="module")
+def service():
+    with RewardService(workers=2, threads=2, startup_timeout_s=15) as svc:
+        yield svc
+
+
+def test_service_scores_match_in_process(service):
+    assert service.url.startswith("http://127.0.0.1:") and alive(service.pid)
+    with RewardClient(service.url) as client:
+        assert client.score(COMPLETIONS, ANSWERS) == expected()
+        assert client.resolve(client.submit(COMPLETIONS, ANSWERS)) == expected()
+        with pytest.raises(ValueError, match="6 completions, 5 answers"):
+            client.score(COMPLETIONS, ANSWERS[:-1])
+    with RewardClient(service.url, task="unknown") as bad:
+        with pytest.raises(RewardServiceError, match=r"HTTP 400.*unknown task"):
+            bad.score(COMPLETIONS, ANSWERS)
+
+
+def test_service_concurrent_clients_matched_by_id(service):
+    def batch(i):  # every request distinct, so a mixed-up response would show
+        completions = [f"#### {i}", f"#### {i + 1}", f"x{i}"]
+        answers = [str(i), str(i), str(i)]
+        return completions, answers
+
+    def worker(t, client):
+        out = []
+        for k in range(25):
+            c, a = batch(t * 100 + k)
+            out.append((c, a, client.score(c, a)))
+        return out
+
+    client = RewardClient(service.url)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            results = [r for f in [pool.submit(worker, t, client) for t in range(4)] for r in f.result()]
+    finally:
+        client.close()
+    assert len(results) == 100
+    for c, a, rewards in results:
+        assert rewards == expected(c, a) == [1.0, 0.0, 0.0]
+
+
+def test_service_worker_killed_mid_run_client_retries(service):
+    client = RewardClient(service.url, timeout_s=5, retries=5, backoff_s=0.1)
+    try:
+        victim = min(worker_pids(service.url))
+        assert victim != service.pid
+
+        stop = threading.Event()
+        results, errors = [], []
+
+        def hammer():
+            while not stop.is_set():
+                try:
+                    results.append(client.score(COMPLETIONS, ANSWERS))
+                except Exception as exc:  # noqa: BLE001 - collected and asserted below
+                    errors.append(exc)
+
+        threads = [threading.Thread(target=hammer) for _ in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        os.kill(victim, signal.SIGKILL)
+        time.sleep(1.0)
+        stop.set()
+        for t in threads:
+            t.join(timeout=15)
+        assert not errors, errors
+        assert len(results) > 10 and all(r == expected() for r in results)
+        assert not alive(victim)
+        assert client.retry_count >= 1  # the kill did hit in-flight or pooled connections
+        assert client.score(COMPLETIONS, ANSWERS) == expected()  # the master respawned a worker
+    finally:
+        client.close()
+
+
+def test_service_down_raises_with_url():
+    url = f"http://127.0.0.1:{free_port()}"
+    client = RewardClient(url, timeout_s=1, retries=2, backoff_s=0.01)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RewardServiceError, match=rf"{url}/score failed after 3 attempts; last error"):
+            client.score(COMPLETIONS, ANSWERS)
+        with pytest.raises(RewardServiceError, match=url):
+            client.resolve(client.submit(COMPLETIONS, ANSWERS))
+        assert time.monotonic() - t0 < 10
+    finally:
+        client.close()
+
+
+def test_service_exit_leaves_no_process():
+    with pytest.raises(KeyError):
+        with RewardService(workers=2, threads=2, startup_timeout_s=15) as svc:
+            master = svc.pid
+            workers = worker_pids(svc.url)
+            assert workers and master not in workers
+            raise KeyError("exception inside the context")
+    assert not alive(master)
+    assert not any(alive(p) for p in workers)
+
+
+def test_service_startup_timeout_kills_process():
+    svc = RewardService(workers=1, threads=1, startup_timeout_s=0.01)
+    with pytest.raises(RewardServiceStartError, match="not healthy after"):
+        svc.start()
+    assert svc._proc is None

@@ -1,0 +1,106 @@
+"""WSGI app of the reward service: GET /health, POST /score. JSON in and out, never pickle.
+
+Grading is a pure function of (task, completion, answer), so every worker gives the same rewards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ..tasks.answers import grade
+
+TASKS = {"synthetic_arithmetic": grade}
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            411: "Length Required", 413: "Payload Too Large", 500: "Internal Server Error"}
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _respond(start_response, status: int, payload: dict, extra_headers: list | None = None) -> list[bytes]:
+    body = json.dumps(payload).encode("utf-8")
+    headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+    start_response(f"{status} {_REASONS[status]}", headers + (extra_headers or []))
+    return [body]
+
+
+def _read_body(environ, max_body_bytes: int) -> bytes:
+    raw = environ.get("CONTENT_LENGTH") or ""
+    try:
+        length = int(raw) if raw.strip() else 0
+    except ValueError:
+        raise _BadRequest(400, f"invalid Content-Length: {raw!r}")
+    if length < 0:
+        raise _BadRequest(400, f"invalid Content-Length: {raw!r}")
+    if length > max_body_bytes:
+        raise _BadRequest(413, f"body of {length} bytes exceeds the limit of {max_body_bytes} bytes")
+    stream = environ["wsgi.input"]
+    chunks, remaining = [], length
+    while remaining > 0:
+        chunk = stream.read(min(remaining, 65536))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def _parse_score_request(body: bytes) -> tuple[str, str, list[str], list[str]]:
+    try:
+        doc = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _BadRequest(400, f"malformed JSON: {exc}")
+    if not isinstance(doc, dict):
+        raise _BadRequest(400, "request body must be a JSON object")
+    missing = [k for k in ("id", "task", "completions", "answers") if k not in doc]
+    if missing:
+        raise _BadRequest(400, f"missing keys: {missing}")
+    req_id, task, completions, answers = doc["id"], doc["task"], doc["completions"], doc["answers"]
+    if not isinstance(req_id, str):
+        raise _BadRequest(400, "id must be a string")
+    if not isinstance(task, str):
+        raise _BadRequest(400, "task must be a string")
+    if task not in TASKS:
+        raise _BadRequest(400, f"unknown task {task!r}; known: {sorted(TASKS)}")
+    for name, value in (("completions", completions), ("answers", answers)):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise _BadRequest(400, f"{name} must be a list of strings")
+    if len(completions) != len(answers):
+        raise _BadRequest(400, f"length mismatch: {len(completions)} completions, {len(answers)} answers")
+    return req_id, task, completions, answers
+
+
+def create_app(max_body_bytes: int = 1_000_000):
+    """The reward service's WSGI callable; bodies over `max_body_bytes` are refused with 413."""
+    if max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes: {max_body_bytes}; must be >= 1")
+
+    def app(environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        method = environ.get("REQUEST_METHOD", "GET").upper()
+        try:
+            if path == "/health":
+                if method not in ("GET", "HEAD"):
+                    return _respond(start_response, 405, {"error": f"{method} not allowed on {path}"},
+                                    [("Allow", "GET, HEAD")])
+                return _respond(start_response, 200, {"status": "ok", "pid": os.getpid()})
+            if path == "/score":
+                if method != "POST":
+                    return _respond(start_response, 405, {"error": f"{method} not allowed on {path}"},
+                                    [("Allow", "POST")])
+                req_id, task, completions, answers = _parse_score_request(_read_body(environ, max_body_bytes))
+                grader = TASKS[task]
+                rewards = [float(grader(c, a)) for c, a in zip(completions, answers)]
+                return _respond(start_response, 200, {"id": req_id, "rewards": rewards, "pid": os.getpid()})
+            return _respond(start_response, 404, {"error": f"no such path: {path}"})
+        except _BadRequest as exc:
+            headers = [("Connection", "close")] if exc.status == 413 else None
+            return _respond(start_response, exc.status, {"error": exc.message}, headers)
+
+    return app

@@ -1,0 +1,127 @@
+"""HTTP client of the reward service, with the in-process grader's submit/resolve/score/close interface.
+
+Connection errors, timeouts and 5xx are retried (bounded, exponential backoff; grading is
+idempotent); a 4xx raises at once with the server's message; exhausted retries raise
+`RewardServiceError` naming the URL and the last error. Never a silent zero.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import requests
+
+
+class RewardServiceError(RuntimeError):
+    """The reward service could not score a batch."""
+
+
+class RewardClient:
+    def __init__(self, url: str, timeout_s: float = 10, retries: int = 3, backoff_s: float = 0.1,
+                 task: str = "synthetic_arithmetic", max_inflight: int = 4):
+        if retries < 0 or timeout_s <= 0 or backoff_s < 0:
+            raise ValueError(f"timeout_s={timeout_s}, retries={retries}, backoff_s={backoff_s}")
+        self.url = url.rstrip("/")
+        self.score_url = f"{self.url}/score"
+        self.timeout_s, self.retries, self.backoff_s, self.task = timeout_s, retries, backoff_s, task
+        self._local = threading.local()  # one pooled Session per calling thread (Session is not thread-safe)
+        self._sessions: list[requests.Session] = []
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=max_inflight, thread_name_prefix="reward-client")
+        self._closed = False
+        self.retry_count = 0  # attempts retried after a connection error, timeout or 5xx (for logs/tests)
+
+    def _session(self) -> requests.Session:
+        s = getattr(self._local, "session", None)
+        if s is None:
+            s = requests.Session()
+            with self._lock:
+                if self._closed:
+                    s.close()
+                    raise RewardServiceError(f"client for {self.url} is closed")
+                self._sessions.append(s)
+            self._local.session = s
+        return s
+
+    def score(self, completions: list[str], answers: list[str]) -> list[float]:
+        completions, answers = list(completions), list(answers)
+        if len(completions) != len(answers):
+            raise ValueError(f"{len(completions)} completions, {len(answers)} answers")
+        req_id = str(uuid.uuid4())
+        payload = {"id": req_id, "task": self.task, "completions": completions, "answers": answers}
+        last_error = "no attempt made"
+        for attempt in range(self.retries + 1):
+            if attempt:
+                with self._lock:
+                    self.retry_count += 1
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                r = self._session().post(self.score_url, json=payload, timeout=self.timeout_s)
+            except requests.RequestException as exc:
+                last_error = f"{type(exc).__name__}: {exc}"
+                self._reset_session()
+                continue
+            if r.status_code >= 500:
+                last_error = f"HTTP {r.status_code}: {r.text[:500]}"
+                continue
+            if r.status_code != 200:
+                raise RewardServiceError(f"{self.score_url} refused the request (HTTP {r.status_code}): "
+                                         f"{_error_message(r)}")
+            return self._check(r, req_id, len(completions))
+        raise RewardServiceError(f"{self.score_url} failed after {self.retries + 1} attempts; "
+                                 f"last error: {last_error}")
+
+    def _reset_session(self) -> None:
+        """Drop this thread's pooled connections after a connection error (they may be dead)."""
+        s = getattr(self._local, "session", None)
+        if s is not None:
+            s.close()
+
+    def _check(self, r: requests.Response, req_id: str, n: int) -> list[float]:
+        try:
+            doc = r.json()
+        except ValueError:
+            raise RewardServiceError(f"{self.score_url} answered 200 with non-JSON: {r.text[:200]!r}")
+        if not isinstance(doc, dict) or doc.get("id") != req_id:
+            got = doc.get("id") if isinstance(doc, dict) else doc
+            raise RewardServiceError(f"{self.score_url} answered id {got!r} to request {req_id!r}")
+        rewards = doc.get("rewards")
+        if (not isinstance(rewards, list) or len(rewards) != n
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in rewards)):
+            raise RewardServiceError(f"{self.score_url} answered malformed rewards for {n} completions: "
+                                     f"{str(rewards)[:200]}")
+        return [float(x) for x in rewards]
+
+    def submit(self, completions: list[str], answers: list[str]) -> Future:
+        return self._pool.submit(self.score, list(completions), list(answers))
+
+    @staticmethod
+    def resolve(handle: Future | list[float]) -> list[float]:
+        return handle.result() if isinstance(handle, Future) else handle
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        with self._lock:
+            self._closed = True
+            sessions, self._sessions = self._sessions, []
+        for s in sessions:
+            s.close()
+
+    def __enter__(self) -> "RewardClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _error_message(r: requests.Response) -> str:
+    try:
+        doc = r.json()
+        if isinstance(doc, dict) and "error" in doc:
+            return str(doc["error"])
+    except ValueError:
+        pass
+    return r.text[:500]
