@@ -6,6 +6,8 @@ rule deterministic_run:
         task=section_file("task.synthetic_arithmetic"),
         run=lambda w: section_file(f"bitwise.runs.{w.run}"),
         steps=section_file("bitwise.steps"),
+        reward=section_file("reward"),
+        reward_environment="results/env/reward_environment.json",
     output:
         directory("results/bitwise/{exp}/{run}"),
     wildcard_constraints:

@@ -22,8 +22,9 @@ def bitwise_command(wildcards, input):
     launcher = "python"
     if config["rl"]["nproc"] > 1:
         launcher = f"torchrun --standalone --nproc_per_node {config['rl']['nproc']}"
-    parts = [launcher, "-m", "workflow_src.rl", "--impl", impl, "--checkpoint", input.checkpoint,
-             "--rl-section", input.rl, "--task-section", input.task, "--steps", str(bitwise_config()["steps"]),
+    record = f"results/bitwise/{wildcards.exp}/{wildcards.run}.staging/reward_service.json"
+    parts = [reward_serve_prefix(reward_service_name(), record), launcher, "-m", "workflow_src.rl", "--impl", impl, "--checkpoint", input.checkpoint,
+             "--rl-section", input.rl, "--task-section", input.task, "--reward-section", input.reward, "--steps", str(bitwise_config()["steps"]),
              "--deterministic", "--records", "--checkpoint-manifest", f"{input.checkpoint}/MANIFEST.json"]
     switches = run.get("switches")
     if impl == "optimized" and switches is not None:

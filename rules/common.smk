@@ -37,7 +37,8 @@ def checkpoint_sections():
 
 def report_outputs():
     """Everything shown in the report, which the experiment manifest also hashes."""
-    outs = ["results/env/environment.json", "results/env/summary.html", f"results/checkpoints/{MODEL}"]
+    outs = ["results/env/environment.json", "results/env/summary.html", "results/env/reward_environment.json",
+            f"results/checkpoints/{MODEL}"]
     if CKPT_SOURCE == "synthetic":
         outs += [f"results/pretraining/{MODEL}.png", f"results/pretraining/{MODEL}.csv"]
     outs += ["results/operators/receipt.json", "results/operators/receipt.html"]
@@ -50,6 +51,7 @@ def experiment_sections():
     for exp in sorted(speedup_config().get("comparisons", {})):
         sections += speedup_sections(exp)
     sections += [section_file("bitwise.steps")] + [section_file(f"bitwise.runs.{r}") for r in sorted(bitwise_runs())]
+    sections.append(section_file("reward"))
     return sorted(set(sections))
 
 

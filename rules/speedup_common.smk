@@ -58,8 +58,10 @@ def speedup_command(exp, launch):
         rl_launcher = "python"
         if config["rl"]["nproc"] > 1:
             rl_launcher = f"torchrun --standalone --nproc_per_node {config['rl']['nproc']}"
-        return (f"{rl_launcher} -m workflow_src.rl --impl {side} --checkpoint results/checkpoints/{MODEL}"
+        serve = reward_serve_prefix(reward_service_name(exp, side), '"$SPEEDPROOF_OUT/reward_service.json"')
+        return (f"{serve} {rl_launcher} -m workflow_src.rl --impl {side} --checkpoint results/checkpoints/{MODEL}"
                 f" --rl-section {section_file('rl')} --task-section {section_file('task.synthetic_arithmetic')}"
+                f" --reward-section {section_file('reward')}"
                 f" --deterministic --settings-json {shlex.quote(settings)}{tail}")
     raise ValueError(f"speedup.comparisons.{exp}.subject: unknown subject {subject!r}")
 
@@ -70,7 +72,7 @@ def speedup_sections(exp):
     if speedup_comparison(exp).get("subject", "rl") == "external":
         sections.append(section_file("speedup.external"))
     else:
-        sections += [section_file("rl"), section_file("task.synthetic_arithmetic")]
+        sections += [section_file("rl"), section_file("task.synthetic_arithmetic"), section_file("reward")]
     return sections
 
 
@@ -83,6 +85,7 @@ def speedup_launch_inputs(wildcards):
     inputs = {"environment": "results/env/environment.json", "sections": speedup_sections(wildcards.exp)}
     if speedup_uses_checkpoint(wildcards.exp):
         inputs["checkpoint"] = f"results/checkpoints/{MODEL}"
+        inputs["reward_environment"] = "results/env/reward_environment.json"
     prev = SPEEDUP_AFTER[wildcards.launch]
     if prev is not None:
         inputs["after"] = f"results/speedup/{wildcards.exp}/{prev}"

@@ -26,8 +26,8 @@ TINY = {
     "speedup": {"warmup": 1, "windows": 2, "window_steps": 1},
     "bitwise": {"steps": 2},
 }
-SPINE = {"config_section": 10, "environment": 1, "checkpoint": 1, "pretraining_curve": 1, "speedup_launch": 3,
-         "paired_speedup": 1, "deterministic_run": 4, "bitwise_compare": 3, "bitwise_summary": 1,
+SPINE = {"config_section": 12, "environment": 1, "reward_environment": 1, "checkpoint": 1, "pretraining_curve": 1,
+         "speedup_launch": 6, "paired_speedup": 2, "deterministic_run": 4, "bitwise_compare": 3, "bitwise_summary": 1,
          "operator_checks": 1, "experiment_manifest": 1, "all": 1}
 
 
@@ -83,6 +83,12 @@ def test_full_run_then_nothing_to_do(workdir):
     speed = json.loads((res / "speedup/full/speedup.json").read_text())
     assert speed["headline"]["ratio"] > 0 and speed["headline"]["window"] in (1, 2)
     assert speed["bitwise"]["run"] == "optimized" and speed["headline"]["counts"] is True
+    assert {k: v["service"] for k, v in speed["reward_services"].items()} == {"A": "upstream", "opt": "tuned",
+                                                                              "B": "upstream"}
+    alone = json.loads((res / "speedup/training_code_alone/speedup.json").read_text())
+    assert {v["service"] for v in alone["reward_services"].values()} == {"tuned"}
+    assert {json.loads(line)["rewards"] for line in (res / "speedup/full/opt/steps.jsonl").read_text().splitlines()} \
+        == {"service"}
     metas = [json.loads((res / f"speedup/full/{x}/meta.json").read_text()) for x in ("A", "opt", "B")]
     assert metas[0]["end"]["unix_ns"] <= metas[1]["start"]["unix_ns"] <= metas[1]["end"]["unix_ns"] \
         <= metas[2]["start"]["unix_ns"]

@@ -244,7 +244,7 @@ def run_launch(a: argparse.Namespace) -> dict[str, Any]:
             "log": {"file": a.log_file, "format": a.log_format, "pattern": a.log_pattern},
             "after": after,
             "environment_sha256": env_hash,
-            "files": {name: sha256_file(staging / name) for name in (STEPS_FILE, SUBJECT_LOG)},
+            "files": {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()},
             "provenance": provenance(a.config_sections, a.checkpoint_manifest, a.environment),
         }
         atomic_write_json(staging / META_FILE, meta)

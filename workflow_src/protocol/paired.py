@@ -126,10 +126,22 @@ def compute(exp: str, dirs: dict[str, Path], warmup: int, windows: int, window_s
         "step_counts": {launch: {"steps": log.n_steps, "ranks": log.n_ranks, "records": len(log.records)}
                         for launch, log in logs.items()},
         "switches": metas["opt"].get("switches", []),
+        "reward_services": reward_services(dirs),
         "launches": metas,
         "inputs": {launch: {name: sha256_file(Path(dirs[launch]) / name) for name in (META_FILE, STEPS_FILE)}
                    for launch in LAUNCHES},
     }
+
+
+def reward_services(dirs: dict[str, Path]) -> dict[str, Any] | None:
+    """Each launch's reward-service name and settings (reward_service.json, written by reward.serve), if any."""
+    found = {}
+    for launch in LAUNCHES:
+        path = Path(dirs[launch]) / "reward_service.json"
+        if path.is_file():
+            d = json.loads(path.read_text())
+            found[launch] = {"service": d.get("service"), "settings": d.get("settings")}
+    return found or None
 
 
 def bitwise_verdict(path: Path | None, switches: list[str]) -> dict[str, Any] | None:
@@ -152,6 +164,9 @@ def html_page(doc: dict[str, Any], rows: list[Window]) -> str:
             f"NOT bit-identical ({bw['run']}): the headline does not count")
     title = (f"Paired speedup — {doc['experiment']}: minimum {fmt_ratio(h['ratio'])} in window {h['window']} "
              f"(steps {h['steps'][0]}–{h['steps'][1]}), highlighted; {bits}")
+    services = doc.get("reward_services")
+    if services:
+        title += "; reward service " + ", ".join(f"{launch}: {v['service']}" for launch, v in services.items())
     return html_table(TABLE_HEADER, table_rows(rows), title=title,
                       cell_class=lambda i, j, v: "ok" if i == low_index else None)
 

@@ -1,5 +1,7 @@
 """WSGI app of the reward service: GET /health, POST /score. JSON in and out, never pickle.
 
+`POST /score` answers, per completion, `rewards` (the task's grade, with its lenient extraction),
+`strict` (only the task's own answer marker counts) and `format` (1.0 when that marker is present).
 Grading is a pure function of (task, completion, answer), so every worker gives the same rewards.
 """
 
@@ -8,9 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..tasks.answers import grade
-
-TASKS = {"synthetic_arithmetic": grade}
+from ..tasks.registry import TASKS
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             411: "Length Required", 413: "Payload Too Large", 500: "Internal Server Error"}
@@ -76,6 +76,14 @@ def _parse_score_request(body: bytes) -> tuple[str, str, list[str], list[str]]:
     return req_id, task, completions, answers
 
 
+def score(task: str, completions: list[str], answers: list[str]) -> dict[str, list[float]]:
+    """The per-completion rewards, strict rewards and format rewards of one request."""
+    t = TASKS[task]
+    return {"rewards": [t.grade(c, a) for c, a in zip(completions, answers)],
+            "strict": [t.grade(c, a, strict=True) for c, a in zip(completions, answers)],
+            "format": [float(t.format_ok(c)) for c in completions]}
+
+
 def create_app(max_body_bytes: int = 1_000_000):
     """The reward service's WSGI callable; bodies over `max_body_bytes` are refused with 413."""
     if max_body_bytes < 1:
@@ -95,9 +103,8 @@ def create_app(max_body_bytes: int = 1_000_000):
                     return _respond(start_response, 405, {"error": f"{method} not allowed on {path}"},
                                     [("Allow", "POST")])
                 req_id, task, completions, answers = _parse_score_request(_read_body(environ, max_body_bytes))
-                grader = TASKS[task]
-                rewards = [float(grader(c, a)) for c, a in zip(completions, answers)]
-                return _respond(start_response, 200, {"id": req_id, "rewards": rewards, "pid": os.getpid()})
+                return _respond(start_response, 200, {"id": req_id, **score(task, completions, answers),
+                                                      "pid": os.getpid()})
             return _respond(start_response, 404, {"error": f"no such path: {path}"})
         except _BadRequest as exc:
             headers = [("Connection", "close")] if exc.status == 413 else None

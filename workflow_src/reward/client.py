@@ -15,15 +15,25 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import requests
 
 
+FIELDS = ("rewards", "strict", "format")
+
+
 class RewardServiceError(RuntimeError):
     """The reward service could not score a batch."""
 
 
 class RewardClient:
+    """`overlap=False` (the baseline): `submit` scores at once and returns the rewards.
+    `overlap=True` (the optimized trainer): `submit` returns a Future resolved later.
+    A call with more than `max_batch` completions is sent as several requests."""
+
     def __init__(self, url: str, timeout_s: float = 10, retries: int = 3, backoff_s: float = 0.1,
-                 task: str = "synthetic_arithmetic", max_inflight: int = 4):
-        if retries < 0 or timeout_s <= 0 or backoff_s < 0:
-            raise ValueError(f"timeout_s={timeout_s}, retries={retries}, backoff_s={backoff_s}")
+                 task: str = "synthetic_arithmetic", max_inflight: int = 4, overlap: bool = True,
+                 max_batch: int = 256):
+        if retries < 0 or timeout_s <= 0 or backoff_s < 0 or max_inflight < 1 or max_batch < 1:
+            raise ValueError(f"timeout_s={timeout_s}, retries={retries}, backoff_s={backoff_s}, "
+                             f"max_inflight={max_inflight}, max_batch={max_batch}")
+        self.overlap, self.max_batch = overlap, max_batch
         self.url = url.rstrip("/")
         self.score_url = f"{self.url}/score"
         self.timeout_s, self.retries, self.backoff_s, self.task = timeout_s, retries, backoff_s, task
@@ -46,10 +56,39 @@ class RewardClient:
             self._local.session = s
         return s
 
+    def health(self) -> dict:
+        """GET /health with the same retries; RewardServiceError naming the URL when it stays down."""
+        last_error = "no attempt made"
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                r = self._session().get(f"{self.url}/health", timeout=self.timeout_s)
+                if r.status_code == 200 and r.json().get("status") == "ok":
+                    return r.json()
+                last_error = f"HTTP {r.status_code}: {r.text[:200]}"
+            except (requests.RequestException, ValueError) as exc:
+                last_error = f"{type(exc).__name__}: {exc}"
+                self._reset_session()
+        raise RewardServiceError(f"the reward service at {self.url} is not reachable "
+                                 f"({self.retries + 1} attempts; last error: {last_error})")
+
     def score(self, completions: list[str], answers: list[str]) -> list[float]:
+        return self.score_detail(completions, answers)["rewards"]
+
+    def score_detail(self, completions: list[str], answers: list[str]) -> dict[str, list[float]]:
+        """{"rewards", "strict", "format"}, one value per completion, in order."""
         completions, answers = list(completions), list(answers)
         if len(completions) != len(answers):
             raise ValueError(f"{len(completions)} completions, {len(answers)} answers")
+        out: dict[str, list[float]] = {k: [] for k in FIELDS}
+        for start in range(0, len(completions), self.max_batch):
+            part = self._post(completions[start:start + self.max_batch], answers[start:start + self.max_batch])
+            for k in FIELDS:
+                out[k] += part[k]
+        return out
+
+    def _post(self, completions: list[str], answers: list[str]) -> dict[str, list[float]]:
         req_id = str(uuid.uuid4())
         payload = {"id": req_id, "task": self.task, "completions": completions, "answers": answers}
         last_error = "no attempt made"
@@ -80,7 +119,7 @@ class RewardClient:
         if s is not None:
             s.close()
 
-    def _check(self, r: requests.Response, req_id: str, n: int) -> list[float]:
+    def _check(self, r: requests.Response, req_id: str, n: int) -> dict[str, list[float]]:
         try:
             doc = r.json()
         except ValueError:
@@ -88,14 +127,19 @@ class RewardClient:
         if not isinstance(doc, dict) or doc.get("id") != req_id:
             got = doc.get("id") if isinstance(doc, dict) else doc
             raise RewardServiceError(f"{self.score_url} answered id {got!r} to request {req_id!r}")
-        rewards = doc.get("rewards")
-        if (not isinstance(rewards, list) or len(rewards) != n
-                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in rewards)):
-            raise RewardServiceError(f"{self.score_url} answered malformed rewards for {n} completions: "
-                                     f"{str(rewards)[:200]}")
-        return [float(x) for x in rewards]
+        out = {}
+        for key in FIELDS:
+            values = doc.get(key)
+            if (not isinstance(values, list) or len(values) != n
+                    or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in values)):
+                raise RewardServiceError(f"{self.score_url} answered malformed {key} for {n} completions: "
+                                         f"{str(values)[:200]}")
+            out[key] = [float(x) for x in values]
+        return out
 
-    def submit(self, completions: list[str], answers: list[str]) -> Future:
+    def submit(self, completions: list[str], answers: list[str]) -> Future | list[float]:
+        if not self.overlap:
+            return self.score(completions, answers)
         return self._pool.submit(self.score, list(completions), list(answers))
 
     @staticmethod

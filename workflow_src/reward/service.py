@@ -2,10 +2,13 @@
 
 The server gets its own process group (session); leaving the context, normally or on an exception,
 terminates that whole group (SIGTERM, then SIGKILL after a grace period), so no worker is orphaned.
+On Linux the master also gets SIGTERM when the process that started it dies (PR_SET_PDEATHSIG), so
+even a SIGKILLed launcher leaves no server behind (gunicorn's workers exit with their master).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -18,7 +21,14 @@ from pathlib import Path
 import requests
 
 REPO = Path(__file__).resolve().parents[2]
-APP_SPEC = "workflow_src.reward.app:create_app()"
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: the process-group kill in stop() still applies
 
 
 class RewardServiceStartError(RuntimeError):
@@ -36,10 +46,16 @@ class RewardService:
     """`with RewardService(workers=2, threads=2) as svc: RewardClient(svc.url)...`"""
 
     def __init__(self, workers: int = 2, threads: int = 2, port: int | None = None, host: str = "127.0.0.1",
-                 startup_timeout_s: float = 30.0, stop_timeout_s: float = 10.0, worker_timeout_s: int = 30):
+                 startup_timeout_s: float = 30.0, stop_timeout_s: float = 10.0, worker_timeout_s: int = 30,
+                 python: str | None = None, omp_threads: int | None = None, max_body_bytes: int = 1_000_000):
         if workers < 1 or threads < 1:
             raise ValueError(f"workers={workers}, threads={threads}; both must be >= 1")
+        if omp_threads is not None and omp_threads < 1:
+            raise ValueError(f"omp_threads={omp_threads}; must be >= 1 (or None to leave it unset)")
         self.workers, self.threads = workers, threads
+        self.python = python or sys.executable
+        self.omp_threads = omp_threads
+        self.max_body_bytes = max_body_bytes
         self.host = host
         self.port = port
         self.startup_timeout_s = startup_timeout_s
@@ -73,17 +89,21 @@ class RewardService:
             raise RuntimeError("reward service already started")
         if self.port is None:
             self.port = free_port(self.host)
-        cmd = [sys.executable, "-m", "gunicorn",
+        cmd = [self.python, "-m", "gunicorn",
                "--bind", f"{self.host}:{self.port}",
                "--workers", str(self.workers), "--threads", str(self.threads),
                "--worker-class", "gthread" if self.threads > 1 else "sync",
                "--timeout", str(self.worker_timeout_s), "--graceful-timeout", "3",
-               "--chdir", str(REPO), "--log-level", "warning", APP_SPEC]
+               "--chdir", str(REPO), "--log-level", "warning",
+               f"workflow_src.reward.app:create_app(max_body_bytes={int(self.max_body_bytes)})"]
         env = {**os.environ}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+        if self.omp_threads is not None:  # the reference caps each worker's OpenMP/MKL pools
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.omp_threads)
         self._log = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+                                      stderr=subprocess.STDOUT, start_new_session=True,
+                                      preexec_fn=_die_with_parent)
         try:
             self._wait_healthy()
         except BaseException:

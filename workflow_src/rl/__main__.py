@@ -7,6 +7,11 @@
 Writes DIR/steps.jsonl: one line per (step, rank) with seconds, phases, bit-exact check values
 and statistics; step 0 of rank 0 also carries the step-0 evaluation on the fixed prompt fixture.
 Under torchrun every rank trains (FSDP2, gloo on CPU) and rank 0 writes all ranks' lines.
+
+Rewards come from the reward service at $SPEEDPROOF_REWARD_URL (or --reward-url) when one is given
+(`python -m workflow_src.reward.serve` starts one around this command), with the client settings
+of --reward-section; otherwise they are graded in process. The baseline requests synchronously;
+the optimized trainer's reward_overlap submits early and resolves before the advantages.
 """
 
 from __future__ import annotations
@@ -20,7 +25,25 @@ from pathlib import Path
 from ..progress import progress_bar
 from ..provenance.atomic import atomic_write_text
 from ..provenance.stamp import load_config_section
+from ..reward.serve import URL_VARIABLE
 from .settings import SWITCHES, RLSettings, SettingsError, parse_switches
+
+
+def make_rewards(url: str | None, reward_section: str | None, overlap: bool):
+    """The reward-service client when a URL is given, else None (the trainer grades in process)."""
+    if not url:
+        return None
+    from ..reward.client import RewardClient, RewardServiceError
+    client = load_config_section(reward_section)["value"].get("client", {}) if reward_section else {}
+    rewards = RewardClient(url, timeout_s=client.get("timeout_s", 30), retries=client.get("retries", 3),
+                           backoff_s=client.get("backoff_s", 0.2), max_batch=client.get("max_batch", 256),
+                           overlap=overlap)
+    try:
+        rewards.health()  # fail before any work, with the URL in the message
+    except RewardServiceError as e:
+        rewards.close()
+        raise SystemExit(f"rl: {e}; nothing was recorded") from None
+    return rewards
 
 
 def run_identity(rl_cfg: dict, task_spec: dict, manifest: str | None) -> dict:
@@ -64,6 +87,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="also write DIR/rank{r}.jsonl: every bit-exact item per step and final parameter "
                          "and optimizer-state digests (docs/bitwise.md)")
     ap.add_argument("--checkpoint-manifest", help="MANIFEST.json whose sha256 goes into the records' identity")
+    ap.add_argument("--reward-url", default=os.environ.get(URL_VARIABLE),
+                    help=f"the reward service (default: ${URL_VARIABLE}; unset: grade in process)")
+    ap.add_argument("--reward-section", help="results/config/reward.json: the client's timeout and retries")
     a = ap.parse_args(argv)
 
     rl_cfg = {**load_config_section(a.rl_section)["value"], **json.loads(a.settings_json)}
@@ -85,7 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
         dist.init_process_group("gloo")
     from .trainer import Trainer
-    trainer = Trainer(a.checkpoint, settings, task_spec, switches, deterministic=a.deterministic)
+    rewards = make_rewards(a.reward_url, a.reward_section, overlap="reward_overlap" in switches)
+    trainer = Trainer(a.checkpoint, settings, task_spec, switches, deterministic=a.deterministic, rewards=rewards)
     rank = trainer.rank
     records = []
     identity = run_identity(rl_cfg, task_spec, a.checkpoint_manifest)
@@ -94,11 +121,16 @@ def main(argv: list[str] | None = None) -> None:
         bar = progress_bar(range(a.steps), desc=f"rl {a.impl}", disable=rank != 0, file=sys.stderr)
         for step in bar:
             rec = trainer.step(step)
-            rec.update(impl=a.impl, switches=sorted(switches))
+            rec.update(impl=a.impl, switches=sorted(switches), rewards="in_process" if rewards is None else "service")
             if step == 0 and rank == 0:
                 rec["eval"] = evaluation
             records.append(rec)
             bar.set_postfix(s=f"{rec['seconds']:.3f}", reward=f"{rec['stats']['reward_mean']:.2f}")
+    except RuntimeError as e:
+        from ..reward.client import RewardServiceError
+        if isinstance(e, RewardServiceError):
+            raise SystemExit(f"rl: step {len(records)}: {e}; nothing was recorded") from None
+        raise
     finally:
         trainer.close()
     if a.records:

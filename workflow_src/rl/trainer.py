@@ -68,7 +68,9 @@ class PhaseTimer:
 
 class Trainer:
     def __init__(self, checkpoint: Path, settings: RLSettings, task_spec: dict, switches: frozenset[str],
-                 deterministic: bool = True):
+                 deterministic: bool = True, rewards=None):
+        """`rewards`: the grader (submit/resolve/close), e.g. a reward-service client; the trainer closes
+        it. Default: the in-process grader."""
         self.s, self.sw = settings, switches
         torch.set_num_threads(settings.threads)
         if deterministic:
@@ -95,7 +97,7 @@ class Trainer:
                                      weight_decay=settings.weight_decay)
         warm = max(settings.warmup_steps, 1)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda i: min(1.0, (i + 1) / warm))
-        self.rewards = InProcessRewards(overlap="reward_overlap" in switches)
+        self.rewards = rewards if rewards is not None else InProcessRewards(overlap="reward_overlap" in switches)
         splits = task.make_splits(task_spec)
         self.train, self.test = splits["train"], splits["test"]
         eos = self.tok.eos_token_id

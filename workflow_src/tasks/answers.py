@@ -2,11 +2,30 @@
 
 Graders compare canonical strings, not floats: "70", "70.0", "+70" and "$70." are one answer,
 while "70.5" and "71" are not, and nothing depends on float rounding.
+
+- `####` answers (synthetic arithmetic, GSM8K): `extract_hash_answer` (the synthetic task's
+  extractor), `extract_gsm8k_strict` (the first number after the last `####`) and
+  `extract_gsm8k` (lenient: then the last `\boxed{}`, then the last number in the text).
+- `\boxed{}` answers (MATH): `last_boxed` (brace-matched content of the last `\boxed`/`\fbox`),
+  `normalize_math_answer`, `extract_boxed` (strict) and `extract_math` (lenient), and
+  `math_equivalent`, which asks math-verify in a worker process with a deadline and falls back
+  to comparing normalized strings. docs/tasks.md has the rules.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
+import json
+import os
 import re
+import select
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
 HASH_MARK = "####"
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)")
@@ -40,3 +59,432 @@ def grade(completion: str, answer: str) -> float:
     """1.0 when the completion's `####` answer equals `answer` (both normalized), else 0.0."""
     extracted = extract_hash_answer(completion)
     return 1.0 if extracted is not None and extracted == normalize_answer(answer) else 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# GSM8K: `#### n` answers
+# --------------------------------------------------------------------------------------------
+
+# A number as written in prose: optional sign and `$`, thousands groups of exactly three digits
+# ("1,234,567"; "1,2" is two numbers), an optional decimal part. Not part of a word or of a
+# longer number ("x2", "1.2.3").
+_PROSE_NUMBER = re.compile(
+    r"(?<![\w.])(?P<sign>[-+\u2212])?(?:\\?\$)?"
+    r"(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,]\d)|\d+(?:\.\d+)?|\.\d+)(?!\d)"
+)
+
+
+def _canonical_number(match: re.Match) -> str:
+    sign = "-" if match.group("sign") in ("-", "\u2212") else ""
+    return normalize_answer(sign + match.group("num").replace(",", ""))
+
+
+def first_number(text: str) -> str | None:
+    """The canonical form of the first number in `text` ("$1,234.50" -> "1234.5"), or None."""
+    m = _PROSE_NUMBER.search(text)
+    return _canonical_number(m) if m else None
+
+
+def last_number(text: str) -> str | None:
+    """The canonical form of the last number in `text`, or None."""
+    last = None
+    for last in _PROSE_NUMBER.finditer(text):
+        pass
+    return _canonical_number(last) if last else None
+
+
+def extract_gsm8k_strict(text: str) -> str | None:
+    """The answer after the last `####`, up to the end of that line: its first number in canonical
+    form ("#### $1,200." -> "1200", "#### 18 dollars" -> "18"); a line without a number gives its
+    stripped text; None when there is no `####` or nothing after it."""
+    if HASH_MARK not in text:
+        return None
+    tail = text.rsplit(HASH_MARK, 1)[1].split("\n", 1)[0]
+    number = first_number(tail)
+    if number is not None:
+        return number
+    return normalize_answer(tail) or None
+
+
+def extract_gsm8k(text: str) -> str | None:
+    """Lenient GSM8K extraction: the `####` answer; else the number in the last `\\boxed{}`; else the
+    last number anywhere in the text; else None."""
+    strict = extract_gsm8k_strict(text)
+    if strict is not None:
+        return strict
+    boxed = last_boxed(text)
+    if boxed is not None:
+        number = first_number(_strip_latex_spacing(boxed))
+        if number is not None:
+            return number
+    return last_number(_strip_latex_spacing(text))
+
+
+def _strip_latex_spacing(text: str) -> str:
+    # "1{,}000" and "1,\!000" are LaTeX thousands separators; "\$" is a dollar sign.
+    return text.replace("{,}", ",").replace("\\!", "").replace("\\,", "").replace("\\$", "$")
+
+
+# --------------------------------------------------------------------------------------------
+# MATH: `\boxed{...}` answers
+# --------------------------------------------------------------------------------------------
+
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+
+
+def _match_braces(text: str, open_at: int) -> int | None:
+    """Index of the `}` closing the `{` at `open_at`; a backslash escapes the next character, so
+    `\\{` and `\\}` are not braces. None when the group never closes (a truncated completion)."""
+    depth = 0
+    i = open_at
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return None
+
+
+def last_boxed(text: str) -> str | None:
+    """The raw content of the last `\\boxed{...}` / `\\fbox{...}` in `text`, braces matched.
+
+    The `\\boxed 5` form (no braces) runs to the next `$` or line end. None when there is no box,
+    the last box never closes, or it is empty.
+    """
+    start, name = -1, ""
+    for command in _BOX_COMMANDS:
+        i = text.rfind(command)
+        while i >= 0 and text[i + len(command): i + len(command) + 1].isalpha():  # \boxedtext, \fboxsep
+            i = text.rfind(command, 0, i)
+        if i > start:
+            start, name = i, command
+    if start < 0:
+        return None
+    rest_at = start + len(name)
+    m = re.compile(r"\s*").match(text, rest_at)
+    brace_at = m.end()
+    if text[brace_at: brace_at + 1] == "{":
+        close = _match_braces(text, brace_at)
+        if close is None:
+            return None
+        content = text[brace_at + 1: close]
+    else:
+        first = text[rest_at: rest_at + 1]
+        if brace_at == rest_at and not (first.isdigit() or (first != "" and first in "-+.")):
+            return None  # "\boxed" at the end, or followed by another command
+        content = re.split(r"[$\n]", text[rest_at:], maxsplit=1)[0]
+    content = content.strip()
+    return content or None
+
+
+_TEXT_COMMANDS = r"\\(?:text|textbf|textrm|mbox|mathrm)"
+_TRAILING_UNIT = re.compile(
+    r"^(?P<value>.*?[\d})])\s*" + _TEXT_COMMANDS + r"\{\s*[A-Za-z][A-Za-z .]*\}(?:\^\{?\d\}?)?$"
+)
+_TEXT_WRAPPER = re.compile(_TEXT_COMMANDS + r"\{([^{}]*)\}")
+_THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d*)?")
+_SIMPLE_LHS = re.compile(r"^[A-Za-z]\s*=\s*(?P<rhs>[^=]+)$")
+
+
+def normalize_math_answer(text: str) -> str:
+    """A canonical string for a MATH answer that is still valid LaTeX.
+
+    Strips `$` and `\\$`, `\\left`/`\\right`, thin spaces (`\\!`, `\\,`, `\\;`, `\\:`),
+    `\\displaystyle`, degrees (`^\\circ`, `^{\\circ}`), percent signs, a trailing unit in `\\text{..}`
+    after a value ("10\\text{ cm}" -> "10"; other `\\text{X}` becomes X), a trailing `.`, and spaces
+    (except the one after a command before a letter: "\\pi r" stays; a comma is followed by one
+    space: "(3,4)" -> "(3, 4)"). `\\dfrac`/`\\tfrac` become
+    `\\frac`, `\\frac12` becomes `\\frac{1}{2}`, "1,000" becomes "1000", plain numbers take the
+    canonical form of `normalize_answer` ("5.0" -> "5"), and "x = 5" becomes "5".
+    """
+    s = text.strip()
+    s = s.replace("\\$", "").replace("$", "")
+    s = re.sub(r"\\(?:left|right)(?![A-Za-z])", "", s)
+    s = re.sub(r"\\[!,;:]", "", s).replace("~", " ")
+    s = re.sub(r"\\displaystyle(?![A-Za-z])", "", s)
+    s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![A-Za-z])", "", s)
+    s = s.replace("\\%", "").replace("%", "")
+    s = s.strip()
+    for _ in range(3):  # "5 \text{ cm}^2", then possibly an outer unit
+        m = _TRAILING_UNIT.match(s)
+        if not m:
+            break
+        s = m.group("value").strip()
+    s = _TEXT_WRAPPER.sub(lambda m: m.group(1).strip(), s)
+    s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
+    s = re.sub(r"\\frac\s*(\d)\s*(\d)", r"\\frac{\1}{\2}", s)
+    s = re.sub(r"\\frac\s*\{([^{}]*)\}\s*(\d)", r"\\frac{\1}{\2}", s)
+    s = re.sub(r"\\frac\s*(\d)\s*\{", r"\\frac{\1}{", s)
+    s = re.sub(r"\\sqrt\s*(\d)", r"\\sqrt{\1}", s)
+    s = s.rstrip(".").strip()
+    if _THOUSANDS.fullmatch(s):  # before spaces go: "10, 100" is two numbers
+        s = s.replace(",", "")
+    s = re.sub(r"(\\[A-Za-z]+)\s+(?=[A-Za-z])", "\\1\x00", s)  # keep "\pi r" apart
+    s = re.sub(r"\s+", "", s).replace("\x00", " ")
+    s = s.replace(",", ", ")  # one form for "(3,4)" and "(3, 4)"; keeps "10, 100" a list on re-normalizing
+    m = _SIMPLE_LHS.match(s)
+    if m and _NUMBER.fullmatch(m.group("rhs")):
+        s = m.group("rhs")
+    if _NUMBER.fullmatch(s):
+        s = normalize_answer(s)
+    return s
+
+
+def extract_boxed(text: str) -> str | None:
+    """Strict MATH extraction: the normalized content of the last `\\boxed{}`/`\\fbox{}`, or None."""
+    content = last_boxed(text)
+    if content is None:
+        return None
+    return normalize_math_answer(content) or None
+
+
+_ANSWER_IS = re.compile(r"answer\s+is\s*:?\s*(?P<rest>[^\n]+)", re.IGNORECASE)
+
+
+def extract_math(text: str) -> str | None:
+    """Lenient MATH extraction: the last `\\boxed{}`; else the last "answer is X" (the first `$..$`
+    in X, or X up to a full stop); else the `####` answer; else the last number; else None."""
+    boxed = extract_boxed(text)
+    if boxed is not None:
+        return boxed
+    phrase = None
+    for phrase in _ANSWER_IS.finditer(text):
+        pass
+    if phrase is not None:
+        rest = phrase.group("rest")
+        inline = re.search(r"\$([^$]+)\$", rest)
+        candidate = inline.group(1) if inline else re.split(r"\.(?:\s|$)", rest, maxsplit=1)[0]
+        normalized = normalize_math_answer(candidate)
+        if normalized:
+            return normalized
+    if HASH_MARK in text:
+        tail = text.rsplit(HASH_MARK, 1)[1].split("\n", 1)[0]
+        normalized = normalize_math_answer(tail)
+        if normalized:
+            return normalized
+    return last_number(_strip_latex_spacing(text))
+
+
+# --------------------------------------------------------------------------------------------
+# MATH equivalence through math-verify, in a worker process
+# --------------------------------------------------------------------------------------------
+#
+# math-verify's own timeouts use signal.alarm, which only works on the main thread: off it, parse
+# and verify raise ValueError instead of grading. With the timeouts disabled nothing bounds them,
+# and some inputs (towers of powers, huge factorials) keep sympy busy for minutes inside C code
+# that no signal or thread can interrupt. So math-verify runs in separate worker processes (on
+# their main thread, with its alarms on as an inner guard); the caller, from any thread, waits
+# at most `timeout_s` for a verdict and otherwise kills the worker and falls back to the string
+# comparison. Workers are started lazily, reused, and forgotten in a forked child.
+
+MATH_VERIFY_TIMEOUT_S = 5.0      # per comparison, as seen by the caller
+MATH_VERIFY_STARTUP_S = 60.0     # importing sympy + math-verify in a fresh worker
+MATH_VERIFY_MAX_WORKERS = 2      # worker processes per calling process (threads share them)
+MATH_VERIFY_MAX_CHARS = 1000     # longer answers are compared as strings only
+
+
+class _Unavailable(Exception):
+    """No verdict from math-verify (timeout, dead worker, no free worker): use the string result."""
+
+
+def _worker_argv() -> list[str]:
+    return [sys.executable, "-c", "from workflow_src.tasks.answers import _worker_main; _worker_main()"]
+
+
+def _worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            _worker_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env=_worker_env(), bufsize=0, close_fds=True,
+        )
+        self.buf = b""
+        self.ready = False
+
+    def _readline(self, deadline: float) -> bytes | None:
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buf:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            readable, _, _ = select.select([fd], [], [], remaining)
+            if not readable:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise _Unavailable("math-verify worker exited")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line
+
+    def compare(self, gold: str, pred: str, timeout_s: float) -> bool | None:
+        if not self.ready:
+            if self._readline(time.monotonic() + MATH_VERIFY_STARTUP_S) != b"ready":
+                raise _Unavailable("math-verify worker did not start")
+            self.ready = True
+        request = json.dumps({"gold": gold, "pred": pred, "timeout_s": timeout_s}).encode() + b"\n"
+        view = memoryview(request)
+        while view:
+            view = view[os.write(self.proc.stdin.fileno(), view):]
+        line = self._readline(time.monotonic() + timeout_s)
+        if line is None:
+            raise _Unavailable("math-verify timed out")
+        return json.loads(line)["equal"]
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        with contextlib.suppress(Exception):
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        self.close()
+
+    def close(self) -> None:
+        for stream in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(Exception):
+                stream.close()
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.idle: list[_Worker] = []
+        self.started = 0
+
+    def acquire(self, deadline: float) -> _Worker:
+        with self.cond:
+            while not self.idle and self.started >= MATH_VERIFY_MAX_WORKERS:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise _Unavailable("no free math-verify worker")
+                self.cond.wait(remaining)
+            if self.idle:
+                return self.idle.pop()
+            self.started += 1
+        try:
+            return _Worker()
+        except Exception as exc:
+            self._forget()
+            raise _Unavailable(f"cannot start a math-verify worker: {exc}") from exc
+
+    def release(self, worker: _Worker, healthy: bool) -> None:
+        if healthy and worker.alive():
+            with self.cond:
+                self.idle.append(worker)
+                self.cond.notify()
+            return
+        worker.kill()
+        self._forget()
+
+    def _forget(self) -> None:
+        with self.cond:
+            self.started -= 1
+            self.cond.notify()
+
+    def shutdown(self) -> None:
+        with self.cond:
+            idle, self.idle = self.idle, []
+        for worker in idle:
+            worker.kill()
+
+
+_POOL = _Pool()
+
+
+def _after_fork_in_child() -> None:
+    # The parent's workers and locks are not ours: close our copies of their pipes (so a worker
+    # still sees EOF when the parent exits) and start over.
+    global _POOL
+    for worker in _POOL.idle:
+        worker.close()
+    _POOL = _Pool()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(lambda: _POOL.shutdown())
+
+
+@functools.lru_cache(maxsize=65536)
+def _math_verify(gold: str, pred: str, timeout_s: float) -> bool | None:
+    """math-verify's verdict (None: either side did not parse); raises _Unavailable (not cached)."""
+    pool = _POOL
+    worker = pool.acquire(time.monotonic() + timeout_s)
+    healthy = False
+    try:
+        verdict = worker.compare(gold, pred, timeout_s)
+        healthy = True
+        return verdict
+    except _Unavailable:
+        raise
+    except Exception as exc:
+        raise _Unavailable(f"math-verify worker failed: {exc}") from exc
+    finally:
+        pool.release(worker, healthy)
+
+
+def math_equivalent(got: str | None, answer: str | None, timeout_s: float = MATH_VERIFY_TIMEOUT_S) -> bool:
+    """Whether the extracted answer `got` is mathematically equal to the reference `answer`.
+
+    Equal normalized strings (`normalize_math_answer`) are equivalent at once. Otherwise
+    math-verify decides (gold = answer, target = got; both parsed from `\\boxed{..}` of the
+    normalized strings), in a worker process, within `timeout_s`. When either side does not
+    parse, math-verify is unavailable, times out or fails, the result is the string comparison
+    (False). Never raises and never waits much longer than `timeout_s` (plus a worker's start-up
+    on first use); safe from any thread.
+    """
+    try:
+        if got is None or answer is None:
+            return False
+        g, a = normalize_math_answer(got), normalize_math_answer(answer)
+        if not g or not a:
+            return False
+        if g == a:
+            return True
+        if len(g) > MATH_VERIFY_MAX_CHARS or len(a) > MATH_VERIFY_MAX_CHARS:
+            return False
+        try:
+            return bool(_math_verify(a, g, float(timeout_s)))
+        except _Unavailable:
+            return False
+    except Exception:  # noqa: BLE001 - grading must never raise into the trainer or the service
+        return False
+
+
+def _worker_main() -> None:
+    """The math-verify worker: JSON lines {"gold", "pred", "timeout_s"} in, {"equal": bool|null} out."""
+    import logging
+    import math
+
+    from math_verify import parse, verify
+
+    logging.disable(logging.CRITICAL)
+    out = sys.stdout
+    out.write("ready\n")
+    out.flush()
+    for line in sys.stdin:
+        equal = None
+        try:
+            request = json.loads(line)
+            inner = max(1, math.ceil(float(request.get("timeout_s", MATH_VERIFY_TIMEOUT_S))))
+            gold = parse("\\boxed{" + request["gold"] + "}", parsing_timeout=inner)
+            pred = parse("\\boxed{" + request["pred"] + "}", parsing_timeout=inner)
+            if gold and pred:
+                equal = bool(verify(gold, pred, timeout_seconds=inner))
+        except Exception:  # noqa: BLE001 - a bad request gets "no verdict", the worker lives on
+            equal = None
+        out.write(json.dumps({"equal": equal}) + "\n")
+        out.flush()

@@ -21,8 +21,9 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
+
+from .problem import Problem  # defined in problem.py; `synthetic_arithmetic.Problem` still works
 
 OPERATORS = ("+", "-")
 # Test is drawn first and heldout second, so each is unchanged by the sizes of the splits drawn
@@ -31,19 +32,6 @@ SPLIT_ORDER = ("test", "heldout", "train")
 # Rejection sampling gives up after this many draws per requested problem: the space is too
 # small for the requested sizes (or allow_negative: false rejects nearly everything).
 _DRAWS_PER_PROBLEM = 50
-
-
-@dataclass(frozen=True)
-class Problem:
-    id: str
-    prompt: str
-    solution: str
-    answer: str
-
-    @property
-    def text(self) -> str:
-        """The problem as one plain document, the unit of pretraining and of bits-per-byte."""
-        return self.prompt + self.solution
 
 
 def validate(spec: dict[str, Any]) -> None:

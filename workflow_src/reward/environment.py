@@ -1,0 +1,45 @@
+"""Record the reward service's environment (envs/reward.yaml under conda, the project venv otherwise).
+
+    python -m workflow_src.reward.environment --out results/env/reward_environment.json
+
+Run inside that environment: the recorded `python` is the interpreter launches start gunicorn with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from importlib import metadata
+
+from ..provenance.atomic import atomic_write_json
+from ..provenance.hashing import sha256_json
+
+PACKAGES = ("gunicorn", "requests", "math-verify", "sympy", "latex2sympy2_extended")
+
+
+def describe() -> dict:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    doc = {"python": sys.executable, "python_version": platform.python_version(), "prefix": sys.prefix,
+           "packages": versions}
+    if versions["gunicorn"] is None:
+        raise SystemExit(f"reward environment: gunicorn is not installed for {sys.executable}; "
+                         "the reward service needs it (envs/reward.yaml)")
+    doc["env_hash"] = sha256_json(doc)
+    return doc
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    atomic_write_json(a.out, describe())
+
+
+if __name__ == "__main__":
+    main()

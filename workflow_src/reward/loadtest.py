@@ -1,0 +1,133 @@
+"""Load test of the reward service on loopback: N concurrent clients × M requests each.
+
+    python -m workflow_src.reward.loadtest --workers 2 --threads 2 --clients 8 --requests 200 \\
+        --batch 16 --out load.json [--omp-threads 1] [--task synthetic_arithmetic]
+
+Starts its own gunicorn on a free loopback port, sends bounded traffic (clients × requests, nothing
+else), checks that every response carries its own request id and the rewards the in-process grader
+gives, and writes throughput (requests/s, completions/s) and latency percentiles (p50, p90, p99, max).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import threading
+import time
+import uuid
+
+import requests
+
+from ..provenance.atomic import atomic_write_json
+from ..tasks.registry import get_task
+from .service import RewardService
+
+# Mixed right, wrong and malformed answers, so grading does real work on every path.
+_TEMPLATES = ["{a}+{b}={s} #### {s}", "{a}+{b}={w} #### {w}", "{a} plus {b}", "#### ${s}.00"]
+
+
+def make_batch(client: int, request: int, batch: int) -> tuple[list[str], list[str]]:
+    completions, answers = [], []
+    for j in range(batch):
+        a, b = (client * 7919 + request * 104729 + j * 31) % 97, (request + j) % 89
+        completions.append(_TEMPLATES[j % len(_TEMPLATES)].format(a=a, b=b, s=a + b, w=a + b + 1))
+        answers.append(str(a + b))
+    return completions, answers
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]) of an ascending list."""
+    if not sorted_values:
+        raise ValueError("no values")
+    k = max(0, min(len(sorted_values) - 1, int(-(-q * len(sorted_values) // 100)) - 1))
+    return sorted_values[k]
+
+
+def run_load(url: str, clients: int, requests_per_client: int, batch: int, task: str,
+             timeout_s: float = 30.0) -> dict:
+    grader = get_task(task)
+    latencies: list[float] = []
+    problems: list[str] = []
+    seen_ids: set[str] = set()
+    lock = threading.Lock()
+    barrier = threading.Barrier(clients)
+
+    def client(c: int) -> None:
+        with requests.Session() as s:
+            barrier.wait()
+            for r in range(requests_per_client):
+                completions, answers = make_batch(c, r, batch)
+                req_id = f"{c}-{r}-{uuid.uuid4().hex[:8]}"
+                t0 = time.perf_counter()
+                try:
+                    resp = s.post(f"{url}/score", timeout=timeout_s,
+                                  json={"id": req_id, "task": task, "completions": completions, "answers": answers})
+                    doc = resp.json()
+                except (requests.RequestException, ValueError) as exc:
+                    with lock:
+                        problems.append(f"{req_id}: {type(exc).__name__}: {exc}")
+                    continue
+                dt = time.perf_counter() - t0
+                want = [grader.grade(x, y) for x, y in zip(completions, answers)]
+                with lock:
+                    latencies.append(dt)
+                    if resp.status_code != 200:
+                        problems.append(f"{req_id}: HTTP {resp.status_code}")
+                    elif doc.get("id") != req_id:
+                        problems.append(f"{req_id}: answered with id {doc.get('id')!r}")
+                    elif doc.get("rewards") != want:
+                        problems.append(f"{req_id}: rewards differ from the in-process grader")
+                    if doc.get("id") in seen_ids:
+                        problems.append(f"{req_id}: id {doc.get('id')!r} answered twice")
+                    seen_ids.add(doc.get("id"))
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    lat = sorted(latencies)
+    total = clients * requests_per_client
+    return {
+        "clients": clients, "requests_per_client": requests_per_client, "batch": batch, "task": task,
+        "requests": total, "answered": len(latencies), "problems": problems[:50], "problem_count": len(problems),
+        "wall_seconds": wall, "requests_per_second": len(latencies) / wall,
+        "completions_per_second": len(latencies) * batch / wall,
+        "latency_ms": {"p50": percentile(lat, 50) * 1e3, "p90": percentile(lat, 90) * 1e3,
+                       "p99": percentile(lat, 99) * 1e3, "max": lat[-1] * 1e3,
+                       "mean": statistics.fmean(lat) * 1e3} if lat else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--omp-threads", type=int)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=100, help="requests per client")
+    ap.add_argument("--batch", type=int, default=16, help="completions per request")
+    ap.add_argument("--task", default="synthetic_arithmetic")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    if a.clients < 1 or a.requests < 1 or a.batch < 1:
+        raise SystemExit("loadtest: --clients, --requests and --batch must be >= 1")
+    with RewardService(workers=a.workers, threads=a.threads, omp_threads=a.omp_threads) as svc:
+        result = run_load(svc.url, a.clients, a.requests, a.batch, a.task)
+    result["service"] = {"workers": a.workers, "threads": a.threads, "omp_threads": a.omp_threads}
+    result["host"] = {"machine": platform.machine(), "processor": platform.processor(),
+                      "python": platform.python_version()}
+    atomic_write_json(a.out, result)
+    lat = result["latency_ms"] or {}
+    print(f"{result['answered']}/{result['requests']} answered, {result['problem_count']} problems, "
+          f"{result['requests_per_second']:.1f} req/s, p50 {lat.get('p50', float('nan')):.2f} ms, "
+          f"p99 {lat.get('p99', float('nan')):.2f} ms")
+    if result["problem_count"] or result["answered"] != result["requests"]:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

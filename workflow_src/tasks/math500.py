@@ -1,0 +1,102 @@
+"""MATH-500 (HuggingFaceH4/MATH-500): competition problems with `\\boxed{}` answers.
+
+The data file is the dataset's `test.jsonl` (or a parquet/json copy) with columns `problem`,
+`solution`, `answer`, `subject`, `level`, `unique_id`. A problem is
+
+    id        the `unique_id` column ("test/precalculus/807.json")
+    prompt    prompt_template with {problem} replaced by the problem
+    solution  the `solution` column (ends in a `\\boxed{}` answer)
+    answer    the `answer` column (LaTeX; graded by answers.math_equivalent)
+
+MATH-500 has only a test split. A train split (for RL / RandOpt selection) is carved out of it:
+the file's rows are shuffled by a `random.Random` seeded from sha256("speedproof.math500/split/"
++ split_seed), the first `n_train` of that order form train and the rest test; each split keeps
+the file's order. With n_train 0 (the default) train is empty and test is the whole file.
+
+Spec (config section `task.math500`; unset keys take the defaults in `DEFAULTS`):
+
+    source            "hub" | "local": where the file comes from.
+    hub.repo_id       Hub dataset repository (default "HuggingFaceH4/MATH-500").
+    hub.revision      Full 40-hex commit sha of that repository (required for hub; no default).
+    hub.cache_dir     HF cache directory for hf_hub_download (null: the default HF cache).
+    hub.files.test.filename
+                      File in the repository (default "test.jsonl").
+    hub.files.test.sha256
+                      sha256 the fetched file must have (required; unset prints the file's value).
+    local.test.path   A .jsonl / .json / .parquet file on this machine (source local).
+    local.test.sha256 sha256 that file must have (required).
+    n_train           Problems carved out of the file for the train split (default 0).
+    split_seed        Seed of the carving shuffle (default 0).
+    limit.{train,test}
+                      null (all) or the first n problems of the split (after carving).
+    prompt_template   Text with a {problem} placeholder; other braces are literal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import Any
+
+from .datafiles import DataFileError, limited, merged, read_rows, render_prompt, split_file
+from .problem import Problem
+
+SECTION = "task.math500"
+COLUMNS = ["problem", "solution", "answer", "unique_id"]
+DEFAULT_PROMPT_TEMPLATE = (
+    "Problem: {problem}\n"
+    "Solve the problem step by step and put the final answer in \\boxed{}.\n"
+    "Solution:"
+)
+DEFAULTS: dict[str, Any] = {
+    "source": "hub",
+    "hub": {
+        "repo_id": "HuggingFaceH4/MATH-500",
+        "revision": None,
+        "cache_dir": None,
+        "files": {"test": {"filename": "test.jsonl", "sha256": None}},
+    },
+    "local": {"test": {"path": None, "sha256": None}},
+    "n_train": 0,
+    "split_seed": 0,
+    "limit": {"train": None, "test": None},
+    "prompt_template": DEFAULT_PROMPT_TEMPLATE,
+}
+
+
+def train_rows(n_rows: int, n_train: int, seed: int) -> set[int]:
+    """Row indices of the carved train split."""
+    key = f"speedproof.math500/split/{seed}".encode()
+    rng = random.Random(int.from_bytes(hashlib.sha256(key).digest()[:8], "big"))
+    order = list(range(n_rows))
+    rng.shuffle(order)
+    return set(order[:n_train])
+
+
+def load(spec: dict[str, Any]) -> dict[str, list[Problem]]:
+    """{"train": [Problem], "test": [Problem]} from the pinned file."""
+    spec = merged(DEFAULTS, spec)
+    path = split_file(SECTION, spec, "test")
+    rows = read_rows(path, COLUMNS, SECTION)
+    n_train = spec.get("n_train", 0)
+    if not isinstance(n_train, int) or isinstance(n_train, bool) or not 0 <= n_train < len(rows):
+        raise DataFileError(
+            f"{SECTION}.n_train: {n_train!r}; must be an integer in [0, {len(rows)}) so test keeps a problem"
+        )
+    train = train_rows(len(rows), n_train, spec.get("split_seed", 0))
+    problems = {
+        index: Problem(
+            id=str(row["unique_id"]),
+            prompt=render_prompt(spec["prompt_template"], "{problem}", str(row["problem"]),
+                                 f"{SECTION}.prompt_template"),
+            solution=str(row["solution"]),
+            answer=str(row["answer"]).strip(),
+        )
+        for index, row in enumerate(rows)
+    }
+    limit = spec.get("limit") or {}
+    return {
+        "train": limited([problems[i] for i in sorted(train)], limit.get("train"), f"{SECTION}.limit.train"),
+        "test": limited([problems[i] for i in range(len(rows)) if i not in train], limit.get("test"),
+                        f"{SECTION}.limit.test"),
+    }
