@@ -24,16 +24,23 @@ shell.prefix(_prefix)
 report: "workflow_src/report/captions/workflow.rst"
 
 
+scattergather:
+    randopt_population=config["randopt"]["shards"],
+
+
 include: "rules/common.smk"
 include: "rules/config.smk"
 include: "rules/environment.smk"
 include: "rules/checkpoint.smk"
 include: "rules/speedup_common.smk"
+include: "rules/randopt_common.smk"
+include: "rules/reward_common.smk"
 include: "rules/reward.smk"
 include: "rules/speedup.smk"
 include: "rules/bitwise_common.smk"
 include: "rules/bitwise.smk"
 include: "rules/operators.smk"
+include: "rules/randopt.smk"
 include: "rules/manifest.smk"
 
 

@@ -42,7 +42,7 @@ def report_outputs():
     if CKPT_SOURCE == "synthetic":
         outs += [f"results/pretraining/{MODEL}.png", f"results/pretraining/{MODEL}.csv"]
     outs += ["results/operators/receipt.json", "results/operators/receipt.html"]
-    return outs + speedup_outputs() + bitwise_outputs()
+    return outs + speedup_outputs() + bitwise_outputs() + randopt_outputs()
 
 
 def experiment_sections():
@@ -51,9 +51,9 @@ def experiment_sections():
     for exp in sorted(speedup_config().get("comparisons", {})):
         sections += speedup_sections(exp)
     sections += [section_file("bitwise.steps")] + [section_file(f"bitwise.runs.{r}") for r in sorted(bitwise_runs())]
-    sections.append(section_file("reward"))
+    sections += [section_file("reward"), section_file("heldout_text")] + randopt_sections()
     return sorted(set(sections))
 
 
 def final_outputs():
-    return report_outputs() + [f"results/manifests/{EXP}.json"]
+    return report_outputs() + [f"results/manifests/{EXP}.json", f"results/randopt/{EXP}/record.appended"]

@@ -91,3 +91,26 @@ def test_snakemake_stops_before_any_job(tmp_path):
     out = proc.stdout + proc.stderr
     assert "revision" in out and "main" in out
     assert "Job stats" not in out and not (tmp_path / "results").exists()
+
+
+def test_randopt_schema_defaults_are_the_module_defaults():
+    """The CLIs validate a randopt section on their own (settings.DEFAULTS); the schema must agree."""
+    import yaml
+    from jsonschema import Draft202012Validator, validators
+
+    from workflow_src.randopt.settings import DEFAULTS
+
+    def fill(validator_class):
+        validate_props = validator_class.VALIDATORS["properties"]
+
+        def set_defaults(validator, properties, instance, schema):
+            for name, sub in properties.items():
+                if "default" in sub and isinstance(instance, dict):
+                    instance.setdefault(name, sub["default"])
+            yield from validate_props(validator, properties, instance, schema)
+        return validators.extend(validator_class, {"properties": set_defaults})
+
+    schema = yaml.safe_load((REPO / "config/schema.yaml").read_text())
+    section = {}
+    fill(Draft202012Validator)(schema["properties"]["randopt"]).validate(section)
+    assert section == DEFAULTS

@@ -112,6 +112,9 @@ def test_within_noise_both_ways():
     assert row["delta"] == 0 and row["ci_low"] < 0 < row["ci_high"] and row["within_noise"] is True
     assert row["mcnemar_p"] is None
     assert vote.within_noise(0.0, 0.0) and vote.within_noise(-0.1, 0.0) and not vote.within_noise(0.01, 0.2)
+    # A CI that excludes 0 on a few discordant problems, while the exact test cannot reject: within noise.
+    assert vote.within_noise(0.004, 0.03, mcnemar_p=0.125, level=0.95)
+    assert not vote.within_noise(0.004, 0.03, mcnemar_p=0.01, level=0.95)
     assert vote.mcnemar_exact_p(0, 0) == 1.0 and vote.mcnemar_exact_p(3, 3) == 1.0
 
 
@@ -292,7 +295,8 @@ def test_vote_cli_sweep(run):
     assert by_k[4]["base_correct"] == int(base["correct"].sum())
     assert by_k[4]["delta"] == pytest.approx(by_k[4]["accuracy"] - by_k[4]["base_accuracy"])
     for r in doc["sweep"]:
-        assert r["within_noise"] == (r["ci_low"] <= 0 <= r["ci_high"])
+        assert r["within_noise"] == (r["ci_low"] <= 0 <= r["ci_high"]
+                                     or (r["mcnemar_p"] is not None and r["mcnemar_p"] > 1 - r["ci_level"]))
     assert doc["headline"]["k"] == 4 and doc["grading_check"] == {"base": 0, "topk": 0}
     assert doc["provenance"]["config_sections"].keys() == {"task.synthetic_arithmetic", "randopt"}
     rows = list(csv.DictReader(open(run["dir"] / "ksweep.csv")))

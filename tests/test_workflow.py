@@ -25,10 +25,17 @@ TINY = {
            "learning_rate": 1e-3, "threads": 1, "eval_prompts": 4},
     "speedup": {"warmup": 1, "windows": 2, "window_steps": 1},
     "bitwise": {"steps": 2},
+    "randopt": {"population": 4, "sigmas": [0.001, 0.01], "train_prompts": 8, "test_prompts": 8, "ks": [2],
+                "probes": 1, "batch_size": 8, "max_new_tokens": 14, "threads": 1,
+                "vote": {"bootstrap_resamples": 200}, "bpb": {"chunk_tokens": 64}},
+    "heldout_text": {"synthetic": {"documents": 4}},
 }
-SPINE = {"config_section": 12, "environment": 1, "reward_environment": 1, "checkpoint": 1, "pretraining_curve": 1,
+SPINE = {"config_section": 14, "environment": 1, "reward_environment": 1, "checkpoint": 1, "pretraining_curve": 1,
          "speedup_launch": 6, "paired_speedup": 2, "deterministic_run": 4, "bitwise_compare": 3, "bitwise_summary": 1,
-         "operator_checks": 1, "experiment_manifest": 1, "all": 1}
+         "operator_checks": 1, "experiment_manifest": 1, "all": 1,
+         "heldout_text": 1, "randopt_base": 1, "randopt_population": 2, "randopt_gather": 1, "randopt_topk_answers": 1,
+         "randopt_select_vote": 1, "randopt_probes": 1, "randopt_bpb": 1, "randopt_sigma_stats": 1, "randopt_plots": 1,
+         "randopt_record": 1, "randopt_records_table": 1}
 
 
 def smk(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -95,6 +102,13 @@ def test_full_run_then_nothing_to_do(workdir):
     bit = json.loads((res / "bitwise/wftest/comparison.json").read_text())
     verdicts = {c["candidate"]: (c["pass"], c["as_expected"]) for c in bit["comparisons"]}
     assert verdicts == {"optimized": (True, True), "baseline_repeat": (True, True), "control": (False, True)}
+
+    record = json.loads((res / "randopt/wftest/record.json").read_text())
+    assert record["experiment"] == "wftest" and record["population"]["size"] == 4
+    rows = (res / "records/records.csv").read_text().splitlines()
+    assert len(rows) == 2 and record["record_id"] in rows[1]
+    assert f"| {record['record_id'][:8]} |" in (res / "records/RECORDS.md").read_text()
+    assert (res / "randopt/wftest/record.appended").read_text().split()[0] == sha256_file(res / "randopt/wftest/record.json")
 
     again = smk(workdir, "-n", "--cores", "2")
     assert "Nothing to be done" in again.stdout + again.stderr

@@ -25,8 +25,10 @@ The voted answer is graded against the test split's gold answer with the same `e
 
 Statistics per K, paired over test problems against the base model: delta = ensemble − base accuracy; a
 percentile bootstrap CI of the delta (B resamples of the test problems with replacement, seeded; the same
-resample indices for every K); `within_noise` when the CI contains 0; optionally the exact McNemar test
-(two-sided binomial test on the discordant problems).
+resample indices for every K); optionally the exact McNemar test (two-sided binomial test on the
+discordant problems). `within_noise` when the CI contains 0 or, with McNemar on, when its p-value is
+above 1 − level: with a handful of discordant problems the percentile bootstrap can exclude 0 while the
+exact test cannot reject "no difference", and the record then says "within noise".
 """
 
 from __future__ import annotations
@@ -149,9 +151,10 @@ def paired_bootstrap_ci(ensemble: Sequence[int], base: Sequence[int], resamples:
     return float(lo), float(hi)
 
 
-def within_noise(ci_low: float, ci_high: float) -> bool:
-    """True when the CI of the delta contains 0: the ensemble is not distinguishable from the base."""
-    return ci_low <= 0.0 <= ci_high
+def within_noise(ci_low: float, ci_high: float, mcnemar_p: float | None = None, level: float = 0.95) -> bool:
+    """True when the ensemble is not distinguishable from the base: the CI of the delta contains 0, or
+    the exact McNemar test (when run) does not reject equality at 1 − level."""
+    return ci_low <= 0.0 <= ci_high or (mcnemar_p is not None and mcnemar_p > 1.0 - level)
 
 
 def mcnemar_exact_p(ensemble_only: int, base_only: int) -> float:
@@ -172,12 +175,13 @@ def sweep_row(k: int, ens: np.ndarray, base: np.ndarray, no_answer: int, resampl
     b = int(((ens == 1) & (base == 0)).sum())
     c = int(((ens == 0) & (base == 1)).sum())
     acc, base_acc = float(ens.mean()), float(base.mean())
+    p = mcnemar_exact_p(b, c) if mcnemar else None
     return {
         "k": int(k), "accuracy": acc, "correct": int(ens.sum()), "n": n,
         "base_accuracy": base_acc, "base_correct": int(base.sum()),
         "delta": acc - base_acc, "ci_low": lo, "ci_high": hi, "ci_level": level,
-        "within_noise": within_noise(lo, hi), "ensemble_only": b, "base_only": c,
-        "mcnemar_p": mcnemar_exact_p(b, c) if mcnemar else None, "no_answer": int(no_answer),
+        "within_noise": within_noise(lo, hi, p, level), "ensemble_only": b, "base_only": c,
+        "mcnemar_p": p, "no_answer": int(no_answer),
     }
 
 
@@ -281,8 +285,9 @@ def compute(task_name: str, task_spec: dict[str, Any], population: pd.DataFrame,
         votes_by_k[k] = (votes, ens)
     for r in rows:
         if r["within_noise"]:
+            p = "" if r["mcnemar_p"] is None else f", McNemar p = {r['mcnemar_p']:.3g}"
             warnings.append(f"K={r['k']}: ensemble − base = {100 * r['delta']:+.2f} pp, {100 * r['ci_level']:g}% CI "
-                            f"[{100 * r['ci_low']:+.2f}, {100 * r['ci_high']:+.2f}] pp contains 0: within noise")
+                            f"[{100 * r['ci_low']:+.2f}, {100 * r['ci_high']:+.2f}] pp{p}: within noise")
 
     kbig = sweep_ks[-1]
     votes, ens = votes_by_k[kbig]

@@ -1,0 +1,74 @@
+"""The base model on the RandOpt prompts: train reward (the bar seeds are compared with) and test accuracy.
+
+    python -m workflow_src.randopt.base --checkpoint DIR --randopt-section R.json --task-section T.json \\
+        [--environment ENV.json] [--checkpoint-manifest M.json] --out-json base.json --out-test base_test.parquet
+
+Greedy generation with the configured engine on the first randopt.train_prompts train problems and
+the first randopt.test_prompts test problems, unperturbed weights (no perturber is even built).
+base.json: model, task, train {reward_mean, correct, prompts}, test {accuracy, correct, prompts},
+throughput per phase (load, base_train, base_test), provenance. base_test.parquet: one row per test
+problem: index, problem_id, extracted (null when no answer), correct (0/1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pandas as pd
+
+from .population import ANSWER_COLUMNS
+
+BASE_TEST_FORMAT = "speedproof.randopt.base-test/1"
+
+
+def main(argv: list[str] | None = None) -> None:
+    from ..progress import progress_bar
+    from ..provenance.atomic import atomic_write_json
+    from ..tasks.registry import get_task
+    from . import runtime
+    from .population import answer_rows
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out-json", required=True)
+    ap.add_argument("--out-test", required=True)
+    runtime.add_common_args(ap)
+    a = ap.parse_args(argv)
+    with runtime.config_errors("randopt.base"):
+        cfg = runtime.load_config(a)
+    s = cfg.settings
+    splits = runtime.cli_splits(cfg, "randopt.base")
+    train, test = splits["train"], splits["test"]
+    if not train or not test:
+        raise SystemExit("randopt.base: the train and test splits must not be empty")
+    task = get_task(cfg.task_name)
+    bar = progress_bar(total=len(train) + len(test), desc="base model", unit="prompt", disable=a.no_progress)
+    rt = runtime.load_runtime(cfg, perturber=False, progress=bar)
+    try:
+        with rt.meter.phase("base_train"):
+            train_out = rt.engine.generate([p.prompt for p in train], s.max_new_tokens)
+        with rt.meter.phase("base_test"):
+            test_out = rt.engine.generate([p.prompt for p in test], s.max_new_tokens)
+    finally:
+        bar.close()
+    train_grades = [task.grade(c, p.answer) for c, p in zip(train_out, train, strict=True)]
+    rows = answer_rows(task, test_out, test)
+    test_correct = sum(r["correct"] for r in rows)
+    doc = {
+        "model": cfg.model_name(), "task": cfg.task_name,
+        "train": {"reward_mean": sum(train_grades) / len(train_grades),
+                  "correct": int(sum(g == 1.0 for g in train_grades)), "prompts": len(train)},
+        "test": {"accuracy": test_correct / len(test), "correct": int(test_correct), "prompts": len(test)},
+        "throughput": rt.meter.to_dict(), "identity": cfg.identity(), "model_info": rt.model_info(),
+        "provenance": cfg.provenance(),
+    }
+    meta = {"format": BASE_TEST_FORMAT, "identity": cfg.identity(), "throughput": rt.meter.to_dict(),
+            "provenance": doc["provenance"]}
+    runtime.write_parquet(a.out_test, pd.DataFrame(rows, columns=list(ANSWER_COLUMNS)), meta, ANSWER_COLUMNS)
+    atomic_write_json(a.out_json, doc)
+    print(f"randopt base: train reward {doc['train']['reward_mean']:.4f}, test accuracy {doc['test']['accuracy']:.4f}",
+          file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
