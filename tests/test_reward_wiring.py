@@ -64,15 +64,21 @@ def test_serve_passes_the_exit_code_and_still_stops(sections, tmp_path):
         requests.get(json.loads(out.stdout)["url"] + "/health", timeout=2)
 
 
-def test_serve_sigterm_stops_service_and_command(sections, tmp_path):
-    flag = tmp_path / "started"
-    cmd = serve_cmd(sections, tmp_path / "svc.json", sys.executable, "-c",
-                    f"import os, time, pathlib; pathlib.Path({str(flag)!r}).write_text(os.environ['SPEEDPROOF_REWARD_URL'] + ' ' + str(os.getpid())); time.sleep(60)")
+def start_and_wait(cmd, flag):
+    """Start the wrapper; return once its command has written `flag` (it is running beside the service)."""
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while not flag.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.2)
+    return proc
+
+
+def test_serve_sigterm_stops_service_and_command(sections, tmp_path):
+    flag = tmp_path / "started"
+    cmd = serve_cmd(sections, tmp_path / "svc.json", sys.executable, "-c",
+                    f"import os, time, pathlib; pathlib.Path({str(flag)!r}).write_text(os.environ['SPEEDPROOF_REWARD_URL'] + ' ' + str(os.getpid())); time.sleep(60)")
+    proc = start_and_wait(cmd, flag)
     url, child = flag.read_text().split()
     workers = worker_pids(url, n=6)
     proc.send_signal(signal.SIGTERM)
@@ -86,11 +92,7 @@ def test_serve_sigkill_leaves_no_server(sections, tmp_path):
     flag = tmp_path / "started"
     cmd = serve_cmd(sections, tmp_path / "svc.json", sys.executable, "-c",
                     f"import os, time, pathlib; pathlib.Path({str(flag)!r}).write_text(os.environ['SPEEDPROOF_REWARD_URL']); time.sleep(30)")
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while not flag.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.2)
+    proc = start_and_wait(cmd, flag)
     url = flag.read_text()
     workers = worker_pids(url, n=6)
     proc.kill()
