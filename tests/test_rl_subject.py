@@ -151,3 +151,15 @@ def test_two_ranks_write_rank_files_and_the_control_is_detected(checkpoint, tmp_
     assert not ctl["pass"] and ctl["first_divergence"]["step"] == 0
     # the reversed accumulation reaches the parameters, not just the recorded loss
     assert any(i.startswith("param.") and ctl["matrix"][i]["final"] == "different" for i in ctl["matrix"])
+
+
+def test_chunked_grads_cover_every_parameter_and_restore_the_model():
+    import torch
+    from workflow_src.rl.chunked_grad import chunked_parameter_grads
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Conv1d(1, 1, 1))
+    with pytest.raises(ValueError, match=r"no chunked backward for parameters \['1.weight', '1.bias'\]"):
+        with chunked_parameter_grads(model, 2):
+            pass
+    assert "forward" not in vars(model[0])  # the class's forward is back
+    with pytest.raises(SettingsError, match="cannot be combined"):
+        parse_switches(["batched_train", "control_reduction_order"])

@@ -26,6 +26,13 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
               mask: torch.Tensor, clip_eps: float, kl_coef: float, total_sequences: int):
     """Per-sequence mean of per-token terms, summed over this micro-batch and divided by the
     number of sequences in the whole step, so micro-batch losses add up to the step's mean."""
+    per_seq, kl_seq = grpo_per_sequence(logp, old_logp, ref_logp, adv, mask, clip_eps, kl_coef)
+    return per_seq.sum() / total_sequences, kl_seq.sum() / total_sequences
+
+
+def grpo_per_sequence(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor, adv: torch.Tensor,
+                      mask: torch.Tensor, clip_eps: float, kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's loss (mean of its per-token terms) and its KL (detached); every op is row-wise."""
     keep = mask.bool()
     # Positions outside the completion are zeroed before exp(): a pad token's log-prob can be
     # far below the reference's, and exp() of that gap overflows to inf (inf * 0 = NaN).
@@ -37,4 +44,4 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
     denom = mask.sum(-1).clamp(min=1)
     per_seq = (per_token * mask).sum(-1) / denom
     kl_seq = (kl.detach() * mask).sum(-1) / denom
-    return per_seq.sum() / total_sequences, kl_seq.sum() / total_sequences
+    return per_seq, kl_seq

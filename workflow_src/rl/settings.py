@@ -14,8 +14,12 @@ SWITCHES: dict[str, str] = {
     "reuse_old_logprobs": "no separate old-policy forward: the training forward's detached log-probs serve",
     "ref_batched": "reference log-probs per (group, round) batch through the lean path, logits only at completion tokens",
     "reward_overlap": "rewards are submitted before the reference forward and resolved before the advantages",
+    "batched_train": "the micro-batches of one (group, round) share one forward/backward; parameter gradients "
+                     "are still reduced per micro-batch and added in micro-batch order",
 }
 REQUIRES = {"batched_groups": "lean_decode", "shared_prefix": "lean_decode"}
+# Pairs that cannot run together: the control reorders micro-batches, which a batched step has no loop for.
+CONFLICTS = {("batched_train", "control_reduction_order")}
 # Deliberately non-equivalent changes: the bitwise comparison must flag them (negative controls).
 CONTROLS: dict[str, str] = {
     "control_reduction_order": "accumulates the micro-batches' gradients (and losses) in reverse order: "
@@ -77,4 +81,7 @@ def parse_switches(names: list[str] | str | None) -> frozenset[str]:
     for sw, needs in REQUIRES.items():
         if sw in chosen and needs not in chosen:
             raise SettingsError(f"switch {sw} needs {needs}")
+    for a, b in CONFLICTS:
+        if a in chosen and b in chosen:
+            raise SettingsError(f"switches {a} and {b} cannot be combined")
     return chosen

@@ -31,7 +31,8 @@ from transformers import AutoTokenizer, Qwen2ForCausalLM
 from ..model.lean_qwen2 import LeanQwen2, Segment
 from ..protocol.digest import scalar_hex, tensor_digest
 from ..tasks import synthetic_arithmetic as task
-from .loss import group_advantages, grpo_loss, token_logprobs
+from .chunked_grad import chunked_parameter_grads
+from .loss import group_advantages, grpo_loss, grpo_per_sequence, token_logprobs
 from .rewards import InProcessRewards
 from .rollout import Sampling, rollout_generate, rollout_lean
 from .seeds import derive_seed
@@ -215,6 +216,10 @@ class Trainer:
             micro.reverse()
         with timer("train"):
             self.opt.zero_grad(set_to_none=True)
+            if "batched_train" in self.sw:
+                for b in batches:  # adds into the step's sums in place, micro-batch by micro-batch
+                    self._train_batch(b, total, loss_sum, kl_sum, ent_num, ent_den)
+                micro = []
             for b, k, mb, m, a, r in micro:
                 logp, ent = token_logprobs(self.policy(input_ids=mb).logits, mb)
                 old = logp.detach() if "reuse_old_logprobs" in self.sw else b.old_logp[k]
@@ -249,6 +254,25 @@ class Trainer:
                       "round_reward_mean": {f"round{r}": torch.cat([b.rewards for b in batches if b.round == r])
                                             .mean().item() for r in range(1, s.rounds + 1)}},
         }
+
+    def _train_batch(self, b: Batch, total: int, loss_sum, kl_sum, ent_num, ent_den) -> None:
+        """`batched_train`: one forward/backward for the batch; the step's sums (updated in place) and the
+        parameter gradients get the baseline's additions, micro-batch by micro-batch."""
+        n = self.s.policy_group_size
+        with chunked_parameter_grads(self.policy, n):
+            logp, ent = token_logprobs(self.policy(input_ids=b.ids).logits, b.ids)
+            m = b.mask[:, 1:]
+            old = logp.detach() if "reuse_old_logprobs" in self.sw else torch.cat(b.old_logp)
+            per_seq, kl_seq = grpo_per_sequence(logp, old, b.ref_logp, b.adv, m, self.s.clip_eps, self.s.kl_coef)
+            losses = []
+            for k in range(0, b.ids.shape[0], n):
+                rows = slice(k, k + n)
+                losses.append(per_seq[rows].sum() / total)
+                loss_sum += losses[-1].detach()
+                kl_sum += kl_seq[rows].sum() / total
+                ent_num += (ent[rows].detach() * m[rows]).sum()
+                ent_den += m[rows].sum()
+            torch.stack(losses).sum().backward()
 
     def final_digests(self) -> dict[str, dict[str, str]]:
         """Digests of every parameter and every optimizer-state tensor (all ranks must call: DTensors gather)."""
