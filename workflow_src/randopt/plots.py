@@ -66,8 +66,8 @@ def plot_rewards(population: pd.DataFrame, base: Mapping[str, Any], title: str =
 
 def plot_ksweep(vote: Mapping[str, Any], title: str = ""):
     """Ensemble accuracy vs K with the base accuracy as a line. Error bars: base accuracy + the paired
-    bootstrap CI of (ensemble − base), so a bar crossing the base line is a difference within noise
-    (hollow marker)."""
+    bootstrap CI of (ensemble − base); a hollow marker is a difference within noise (the bar crosses the
+    base line, or the exact McNemar test does not reject equality)."""
     from ..report.plotting import plt
     rows = vote["sweep"]
     ks = [r["k"] for r in rows]
@@ -83,7 +83,7 @@ def plot_ksweep(vote: Mapping[str, Any], title: str = ""):
     ax.plot(ks, acc, "-", color="tab:blue", lw=1.2)
     noisy = [r["within_noise"] for r in rows]
     ax.scatter([k for k, w in zip(ks, noisy) if not w], [a for a, w in zip(acc, noisy) if not w], s=40,
-               color="tab:blue", zorder=3, label="ensemble (CI excludes 0)")
+               color="tab:blue", zorder=3, label="ensemble (beyond noise)")
     ax.scatter([k for k, w in zip(ks, noisy) if w], [a for a, w in zip(acc, noisy) if w], s=40,
                facecolors="white", edgecolors="tab:blue", zorder=3, label="ensemble (within noise)")
     if len(ks) > 1 and ks[-1] / ks[0] >= 8:
