@@ -64,6 +64,15 @@ def plot_rewards(population: pd.DataFrame, base: Mapping[str, Any], title: str =
     return fig
 
 
+def _percent_axis(ax):
+    """Percent ticks with as many decimals as the axis span needs (a 1-point span must not read 44%, 44%)."""
+    from matplotlib.ticker import FuncFormatter
+    lo, hi = ax.get_ylim()
+    span = max(abs(hi - lo) * 100, 1e-9)
+    decimals = max(0, min(3, 1 - math.floor(math.log10(span))))
+    return FuncFormatter(lambda v, _: f"{100 * v:.{decimals}f}%")
+
+
 def plot_ksweep(vote: Mapping[str, Any], title: str = ""):
     """Ensemble accuracy vs K with the base accuracy as a line. Error bars: base accuracy + the paired
     bootstrap CI of (ensemble − base); a hollow marker is a difference within noise (the bar crosses the
@@ -91,7 +100,7 @@ def plot_ksweep(vote: Mapping[str, Any], title: str = ""):
     ax.set_xticks(ks, [str(k) for k in ks])
     ax.set_xlabel("K (top seeds voting)")
     ax.set_ylabel("test accuracy")
-    ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{100 * v:.0f}%"))
+    ax.yaxis.set_major_formatter(_percent_axis(ax))
     ax.set_title(f"{title + ': ' if title else ''}majority vote of the top K ({vote['n_test']} test problems)")
     ax.legend(fontsize=8, loc="best")
     return fig
@@ -120,7 +129,7 @@ def plot_probes(probes: pd.DataFrame, base: Mapping[str, Any], vote: Mapping[str
                     fontsize=7)
     ax.set_xlabel("train reward (greedy)")
     ax.set_ylabel("test accuracy (seed alone)")
-    ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{100 * v:.0f}%"))
+    ax.yaxis.set_major_formatter(_percent_axis(ax))
     ax.set_title(f"{title + ': ' if title else ''}probes: top seeds evaluated alone")
     ax.legend(fontsize=7, loc="best")
     return fig
