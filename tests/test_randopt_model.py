@@ -439,3 +439,19 @@ def test_cli_end_to_end(checkpoint, tmp_path, capsys):
     assert float(bpb.mixture_nll(lps).sum()) == pytest.approx(doc["ensemble"]["nats"], rel=1e-6)
     p.restore_base()
     assert float(-bpb.token_logprobs(model, ch.ids, 2).sum()) == pytest.approx(doc["base"]["nats"], rel=1e-6)
+
+
+def test_sharded_population_equals_one_job(checkpoint, tmp_path):
+    """Shards are independent jobs: three shards gathered give the rows one job gives, bit for bit."""
+    r = write_section(tmp_path / "randopt.json", "randopt", RANDOPT)
+    t = write_section(tmp_path / "task.json", "task.synthetic_arithmetic", TASK)
+    common = ["--checkpoint", checkpoint, "--randopt-section", r, "--task-section", t, "--no-progress"]
+    shards = [tmp_path / f"shard{i}.parquet" for i in range(3)]
+    _run_all([_cli("population", "--shard", 0, "--shards", 1, *common, "--out", tmp_path / "one.parquet"),
+              *[_cli("population", "--shard", i, "--shards", 3, *common, "--out", shards[i]) for i in range(3)]])
+    _run_all([_cli("gather", tmp_path / "one.parquet", "--out", tmp_path / "pop1.parquet"),
+              _cli("gather", *shards, "--out", tmp_path / "pop3.parquet")])
+    one, three = (pd.read_parquet(tmp_path / f"pop{n}.parquet") for n in (1, 3))
+    assert three["shard"].tolist() == [p % 3 for p in range(len(three))]
+    timing = ["shard", "seconds"]
+    pd.testing.assert_frame_equal(one.drop(columns=timing), three.drop(columns=timing), check_exact=True)
