@@ -201,3 +201,36 @@ def test_gpu_captured_graph_sees_reconstructed_weights():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, x @ w)
+
+
+@pytest.mark.parametrize("din,dout", [("fp32", "fp32"), ("bf16", "bf16"), ("fp16", "fp16")])
+def test_seed_and_sigma_read_from_device_tensors(din, dout):
+    """The graph-capturable launch (seed and σ in device memory) gives the scalar launch's bits."""
+    shape, seed, sigma, offset = (5, 301), 2**32 - 5, 3e-3, 2**32 - 700
+    base = perturb.base_values(shape, DT[din], sigma, seed=4, device="cpu")
+    want = torch.empty(shape, dtype=DT[dout])
+    noise.reconstruct_tensor_reference(base, want, seed, sigma, offset)
+    got = torch.full(shape, 7.0, dtype=DT[dout])
+    perturb.reconstruct_triton_from_device(base, got, torch.tensor([seed]), torch.tensor([noise.sigma_fp32(sigma)],
+                                           dtype=torch.float32), offset, block=256)
+    assert bit_equal(got, want)
+    with pytest.raises(TypeError, match="seed_buf must be one int64"):
+        perturb.reconstruct_triton_from_device(base, got, torch.tensor([1.0]), torch.tensor([0.1]), offset)
+
+
+@pytest.mark.gpu
+@gpu
+def test_switch_graph_equals_reference_in_place():
+    shapes = {"a.weight": (300, 257), "b.bias": (257,), "c.weight": (1000, 64)}
+    base = {n: perturb.base_values(s, torch.bfloat16, 1e-3, seed=i, device="cuda") for i, (n, s) in
+            enumerate(sorted(shapes.items()))}
+    target = {n: torch.empty_like(b) for n, b in base.items()}
+    ptrs = {n: t.data_ptr() for n, t in target.items()}
+    layout = noise.layout(target)
+    graph = perturb.SwitchGraph(base, target, layout)
+    for seed, sigma in ((5, 1e-3), (2**32 - 1, 2e-3), (5, 1e-3)):
+        graph.switch(seed, sigma)
+        want = {n: torch.empty_like(b) for n, b in base.items()}
+        noise.reconstruct_reference(base, want, seed, sigma, layout)
+        assert all(bit_equal(target[n].cpu(), want[n].cpu()) for n in base)
+    assert {n: t.data_ptr() for n, t in target.items()} == ptrs

@@ -20,7 +20,7 @@ import time
 import torch
 
 from ..randopt import noise
-from .perturb import reconstruct_triton
+from .perturb import SwitchGraph, reconstruct_triton
 
 # (hidden, intermediate, layers, heads, kv_heads, vocab, tied) from the models' public configs.
 QWEN2_SHAPES = {
@@ -69,7 +69,23 @@ def copy_bandwidth(gib: float = 4.0, repeats: int = 10) -> dict:
     return {"bytes_moved": 2 * n, "ms_median": med, "ms_all": ms, "gb_per_s": 2 * n / med / 1e6}
 
 
-def bench_set(label: str, shapes, sigma: float, repeats: int) -> dict:
+def sweep_launch_configs(numel: int, repeats: int, blocks=(1024, 2048, 4096, 8192), warps=(4, 8, 16)) -> list[dict]:
+    """GB/s of one reconstruct launch over one bf16 tensor of `numel` elements per (BLOCK, num_warps)."""
+    base = torch.empty(numel, dtype=torch.bfloat16, device="cuda").normal_(0, 0.02)
+    target = torch.empty_like(base)
+    out = []
+    for block in blocks:
+        for nw in warps:
+            ms = timed(lambda: reconstruct_triton(base, target, 7, 1e-3, 0, block=block, interpret=False,
+                                                  num_warps=nw), repeats)
+            med = statistics.median(ms)
+            out.append({"block": block, "num_warps": nw, "ms_median": med, "gb_per_s": 4 * numel / med / 1e6})
+    del base, target
+    torch.cuda.empty_cache()
+    return out
+
+
+def bench_set(label: str, shapes, sigma: float, repeats: int, block: int = 1024, num_warps: int | None = None) -> dict:
     dtype = torch.bfloat16
     g = torch.Generator(device="cuda").manual_seed(0)
     base = [torch.randn(s, generator=g, device="cuda", dtype=torch.float32).mul_(0.02).to(dtype) for s in shapes]
@@ -96,11 +112,28 @@ def bench_set(label: str, shapes, sigma: float, repeats: int) -> dict:
     def switch_fused() -> None:
         state["seed"] += 1
         for b, t, o in zip(base, target, offsets):
-            reconstruct_triton(b, t, state["seed"], sigma, o)
+            reconstruct_triton(b, t, state["seed"], sigma, o, block=block, interpret=False, num_warps=num_warps)
+
+    names = [f"p{i:05d}" for i in range(len(base))]
+    layout = list(zip(names, offsets, [b.numel() for b in base]))
+    graph = SwitchGraph(dict(zip(names, base)), dict(zip(names, target)), layout, block=block, num_warps=num_warps)
+
+    def switch_graph() -> None:
+        state["seed"] += 1
+        graph.switch(state["seed"], sigma)
 
     perturb(state["seed"], +1.0)
     old = timed(switch_old, repeats)
     fused = timed(switch_fused, repeats)
+    fused_graph = timed(switch_graph, repeats)
+    # The graph's bits: one more switch, then the torch reference on the GPU for the first tensors.
+    graph.switch(424242, sigma)
+    graph_equal = True
+    for b, t, o in list(zip(base, target, offsets))[:4]:
+        ref = torch.empty_like(t)
+        noise.reconstruct_tensor_reference(b, ref, 424242, sigma, o)
+        graph_equal &= bool(torch.equal(t.view(torch.int16), ref.view(torch.int16)))
+    del graph
 
     # Bits: the GPU kernel against the torch reference on the GPU (whole tensors of the first few
     # parameters) and against the CPU reference on slices of the largest one, at its real offsets.
@@ -123,11 +156,14 @@ def bench_set(label: str, shapes, sigma: float, repeats: int) -> dict:
         noise.reconstruct_tensor_reference(cpu_base, cpu_out, seed, sigma, o + start)
         checks["cpu_slices_equal"] &= bool(torch.equal(t[sl].cpu().view(torch.int16), cpu_out.view(torch.int16)))
         checks["elements_checked_cpu"] += cpu_out.numel()
-    med_old, med_fused = statistics.median(old), statistics.median(fused)
+    med_old, med_fused, med_graph = statistics.median(old), statistics.median(fused), statistics.median(fused_graph)
     res = {"label": label, "params": n, "tensors": len(base), "dtype": "bfloat16", "sigma": sigma,
+           "block": block, "num_warps": num_warps,
            "perturb_restore_ms": med_old, "fused_ms": med_fused, "speedup": med_old / med_fused,
            "fused_bytes": 4 * n, "fused_gb_per_s": 4 * n / med_fused / 1e6,
-           "perturb_restore_ms_all": old, "fused_ms_all": fused, **checks}
+           "fused_graph_ms": med_graph, "graph_speedup": med_old / med_graph,
+           "fused_graph_gb_per_s": 4 * n / med_graph / 1e6, "graph_reference_equal": graph_equal,
+           "perturb_restore_ms_all": old, "fused_ms_all": fused, "fused_graph_ms_all": fused_graph, **checks}
     del base, target
     torch.cuda.empty_cache()
     return res
@@ -139,6 +175,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shapes", nargs="*", default=["50M", "200M", "1.5B", "7B"])
     ap.add_argument("--sigma", type=float, default=1e-3)
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--sweep-numel", type=int, default=1_500_000_000,
+                    help="elements of the single bf16 tensor the (BLOCK, num_warps) sweep runs on (0: no sweep)")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_perturb needs a CUDA device")
@@ -146,15 +184,26 @@ def main(argv: list[str] | None = None) -> None:
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy": copy_bandwidth(), "sets": []}
     import triton
     doc["triton"] = triton.__version__
+    block, num_warps = 1024, None
+    if a.sweep_numel:
+        doc["sweep"] = sweep_launch_configs(a.sweep_numel, a.repeats)
+        best = max(doc["sweep"], key=lambda r: r["gb_per_s"])
+        block, num_warps = best["block"], best["num_warps"]
+        for r in doc["sweep"]:
+            print(f"sweep BLOCK={r['block']:>5} num_warps={r['num_warps']:>2}: {r['gb_per_s']:.0f} GB/s", flush=True)
     for label in a.shapes:
         shapes = flat_shapes({"50M": 50_000_000, "200M": 200_000_000}[label]) if label.endswith("M") \
             else qwen2_param_shapes(label)
-        r = bench_set(label if label.endswith("M") else f"Qwen2.5-{label} shapes", shapes, a.sigma, a.repeats)
+        r = bench_set(label if label.endswith("M") else f"Qwen2.5-{label} shapes", shapes, a.sigma, a.repeats,
+                      block, num_warps)
         r["fraction_of_copy_bandwidth"] = r["fused_gb_per_s"] / doc["copy"]["gb_per_s"]
+        r["graph_fraction_of_copy_bandwidth"] = r["fused_graph_gb_per_s"] / doc["copy"]["gb_per_s"]
         doc["sets"].append(r)
         print(f"{r['label']:>22}: {r['params'] / 1e9:.3f}B params, perturb+restore {r['perturb_restore_ms']:.2f} ms,"
               f" fused {r['fused_ms']:.2f} ms ({r['speedup']:.1f}x, {r['fused_gb_per_s']:.0f} GB/s ="
-              f" {100 * r['fraction_of_copy_bandwidth']:.0f}% of copy), bits gpu={r['gpu_reference_equal']}"
+              f" {100 * r['fraction_of_copy_bandwidth']:.0f}% of copy), graph {r['fused_graph_ms']:.2f} ms"
+              f" ({r['graph_speedup']:.1f}x, {100 * r['graph_fraction_of_copy_bandwidth']:.0f}% of copy,"
+              f" bits {r['graph_reference_equal']}), bits gpu={r['gpu_reference_equal']}"
               f" cpu={r['cpu_slices_equal']}", flush=True)
     doc["seconds"] = time.time() - t0
     with open(a.out, "w") as f:

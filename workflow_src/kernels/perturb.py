@@ -37,7 +37,13 @@ _KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
-                      IN_KIND: tl.constexpr, OUT_KIND: tl.constexpr, BLOCK: tl.constexpr):
+                      IN_KIND: tl.constexpr, OUT_KIND: tl.constexpr, BLOCK: tl.constexpr,
+                      FROM_PTR: tl.constexpr = False):
+    # FROM_PTR: seed (int64) and sigma (fp32) are read from one-element device tensors, so a captured
+    # CUDA graph of the launches serves every seed (the host writes the two values before a replay).
+    if FROM_PTR:
+        seed = tl.load(seed)
+        sigma = tl.load(sigma)
     pid = tl.program_id(0)
     local = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     mask = local < n
@@ -132,14 +138,7 @@ def _bits_view(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.float32 else t.view(torch.int16)
 
 
-@torch.no_grad()
-def reconstruct_triton(base: torch.Tensor, target: torch.Tensor, seed: int, sigma: float, offset: int,
-                       block: int = BLOCK, interpret: bool | None = None) -> torch.Tensor:
-    """target ← round_to(target.dtype, fp32(base) + fp32(σ)·R(seed, offset + j)), in place, one pass.
-
-    `interpret`: run the Triton interpreter (None: for CPU tensors, or when TRITON_INTERPRET=1).
-    """
-    noise.check_seed(seed)
+def _check_pair(base: torch.Tensor, target: torch.Tensor, offset: int) -> int:
     if base.shape != target.shape or base.device != target.device:
         raise ValueError("base and target must have the same shape and device")
     if base.dtype not in _KIND or target.dtype not in _KIND:
@@ -149,15 +148,86 @@ def reconstruct_triton(base: torch.Tensor, target: torch.Tensor, seed: int, sigm
     n = base.numel()
     if offset < 0 or offset + n > noise.MAX_INDEX:
         raise ValueError(f"index range [{offset}, {offset + n}) outside [0, 2**63)")
-    if n == 0:
-        return target
+    return n
+
+
+def _launch(base, target, n, offset, seed, sigma, block, num_warps, interpret, from_ptr):
     if interpret is None:
         interpret = base.device.type == "cpu" or os.environ.get("TRITON_INTERPRET") == "1"
     kernel = _kernel(interpret)
     grid = ((n + block - 1) // block,)
-    kernel[grid](_bits_view(base), _bits_view(target), n, offset, seed, noise.sigma_fp32(sigma),
-                 IN_KIND=_KIND[base.dtype], OUT_KIND=_KIND[target.dtype], BLOCK=block)
+    extra = {} if num_warps is None else {"num_warps": num_warps}
+    kernel[grid](_bits_view(base), _bits_view(target), n, offset, seed, sigma,
+                 IN_KIND=_KIND[base.dtype], OUT_KIND=_KIND[target.dtype], BLOCK=block, FROM_PTR=from_ptr, **extra)
+
+
+@torch.no_grad()
+def reconstruct_triton(base: torch.Tensor, target: torch.Tensor, seed: int, sigma: float, offset: int,
+                       block: int = BLOCK, interpret: bool | None = None,
+                       num_warps: int | None = None) -> torch.Tensor:
+    """target ← round_to(target.dtype, fp32(base) + fp32(σ)·R(seed, offset + j)), in place, one pass.
+
+    `interpret`: run the Triton interpreter (None: for CPU tensors, or when TRITON_INTERPRET=1).
+    """
+    noise.check_seed(seed)
+    n = _check_pair(base, target, offset)
+    if n:
+        _launch(base, target, n, offset, seed, noise.sigma_fp32(sigma), block, num_warps, interpret, False)
     return target
+
+
+@torch.no_grad()
+def reconstruct_triton_from_device(base: torch.Tensor, target: torch.Tensor, seed_buf: torch.Tensor,
+                                   sigma_buf: torch.Tensor, offset: int, block: int = BLOCK,
+                                   interpret: bool | None = None, num_warps: int | None = None) -> torch.Tensor:
+    """As reconstruct_triton, with the seed and fp32 σ read by the kernel from one-element tensors
+    (int64 and float32, on the tensors' device): the launch can be captured in a CUDA graph once."""
+    if seed_buf.dtype != torch.int64 or sigma_buf.dtype != torch.float32 or seed_buf.numel() != 1 \
+            or sigma_buf.numel() != 1:
+        raise TypeError("seed_buf must be one int64, sigma_buf one float32")
+    n = _check_pair(base, target, offset)
+    if n:
+        _launch(base, target, n, offset, seed_buf, sigma_buf, block, num_warps, interpret, True)
+    return target
+
+
+class SwitchGraph:
+    """Every laid-out tensor's reconstruct launch captured once in a CUDA graph; `switch(seed, σ)` writes
+    the two values into device memory and replays it: one graph launch per weight switch instead of one
+    kernel launch (and its host overhead) per tensor. The targets' storage is written in place, so graphs
+    captured over the model elsewhere stay valid."""
+
+    def __init__(self, base: dict, target: dict, layout, block: int = BLOCK, num_warps: int | None = None):
+        first = next(iter(target.values()))
+        if first.device.type != "cuda":
+            raise ValueError("SwitchGraph needs CUDA tensors")
+        self.seed_buf = torch.zeros(1, dtype=torch.int64, device=first.device)
+        self.sigma_buf = torch.zeros(1, dtype=torch.float32, device=first.device)
+        for name, offset, numel in layout:
+            if base[name].numel() != numel or target[name].numel() != numel:
+                raise ValueError(f"{name}: layout says {numel} elements")
+
+        def launches():
+            for name, offset, _ in layout:
+                reconstruct_triton_from_device(base[name], target[name], self.seed_buf, self.sigma_buf, offset,
+                                               block=block, interpret=False, num_warps=num_warps)
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            launches()  # compile and warm up outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            launches()
+
+    @torch.no_grad()
+    def switch(self, seed: int, sigma: float) -> None:
+        noise.check_seed(seed)
+        self.seed_buf.fill_(seed)
+        self.sigma_buf.fill_(noise.sigma_fp32(sigma))
+        self.graph.replay()
 
 
 def reconstruct_reference(base: torch.Tensor, target: torch.Tensor, seed: int, sigma: float,

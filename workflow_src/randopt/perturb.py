@@ -85,6 +85,7 @@ class Perturber:
             backend = "triton" if devices == {"cuda"} else "reference"
         self.backend = backend
         self.current: tuple[int, float] | None = None  # (seed, sigma) now in the weights; None: the base
+        self._graph = None  # the captured switch (CUDA, triton backend), made on first use
 
     @property
     def names(self) -> list[str]:
@@ -98,7 +99,14 @@ class Perturber:
     def apply(self, seed: int, sigma: float) -> None:
         """Every perturbed parameter ← base + σ·R(seed, ·), in place (storage unchanged)."""
         noise.check_seed(seed)
-        if self.backend == "triton":
+        if self.backend == "triton" and all(t.device.type == "cuda" for t in self.targets.values()):
+            # One CUDA-graph replay of every tensor's launch (seed and σ read from device memory): the
+            # per-launch host overhead dominated the switch for many small tensors (docs/benchmarks).
+            if self._graph is None:
+                from ..kernels.perturb import SwitchGraph
+                self._graph = SwitchGraph(self.base, self.targets, self.layout)
+            self._graph.switch(seed, sigma)
+        elif self.backend == "triton":
             from ..kernels.perturb import reconstruct_all_triton
             reconstruct_all_triton(self.base, self.targets, seed, sigma, self.layout)
         else:
