@@ -48,3 +48,10 @@ rule all:
     input:
         final_outputs(),
     default_target: True
+
+
+# The RL subject's evidence alone (environment, checkpoint, operator receipt, paired speedups, bitwise
+# comparison), without RandOpt: the target of the GPU presets (config/presets/).
+rule rl_evidence:
+    input:
+        rl_evidence_outputs(),

@@ -5,7 +5,7 @@ rule checkpoint:
         directory("results/checkpoints/{model}"),
     params:
         source=CKPT_SOURCE,
-        task=lambda w, input: f"--task-section {input.task}" if CKPT_SOURCE == "synthetic" else "",
+        task=lambda w, input: f"--task-section {input.task}" if CKPT_SOURCE in ("synthetic", "random") else "",
     log:
         "results/logs/checkpoint/{model}.log",
     benchmark:

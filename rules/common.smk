@@ -24,9 +24,10 @@ def section_file(dotted):
 
 
 def checkpoint_inputs(wildcards):
-    """The synthetic source also reads the task it pretrains on; hf and local do not."""
+    """The synthetic source also reads the task it pretrains on, random its tokenizer's alphabet; hf and local
+    read neither."""
     inputs = {"source": section_file(f"checkpoint.{CKPT_SOURCE}")}
-    if CKPT_SOURCE == "synthetic":
+    if CKPT_SOURCE in ("synthetic", "random"):
         inputs["task"] = section_file("task.synthetic_arithmetic")
     return inputs
 
@@ -45,13 +46,19 @@ def report_outputs():
     return outs + speedup_outputs() + bitwise_outputs() + randopt_outputs()
 
 
+def rl_evidence_outputs():
+    outs = ["results/env/environment.json", "results/env/reward_environment.json", f"results/checkpoints/{MODEL}",
+            "results/operators/receipt.json", "results/operators/receipt.html"]
+    return outs + speedup_outputs() + bitwise_outputs()
+
+
 def experiment_sections():
     """Every config section file the experiment's outputs were made from."""
     sections = [section_file("environment")] + checkpoint_sections()
     for exp in sorted(speedup_config().get("comparisons", {})):
         sections += speedup_sections(exp)
     sections += [section_file("bitwise.steps")] + [section_file(f"bitwise.runs.{r}") for r in sorted(bitwise_runs())]
-    sections += [section_file("reward"), section_file("heldout_text")] + randopt_sections()
+    sections += [section_file("reward"), section_file("heldout_text"), section_file("operators")] + randopt_sections()
     return sorted(set(sections))
 
 

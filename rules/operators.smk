@@ -2,6 +2,7 @@
 rule operator_checks:
     input:
         environment="results/env/environment.json",
+        section=section_file("operators"),
     output:
         json="results/operators/receipt.json",
         html=report(
@@ -10,10 +11,16 @@ rule operator_checks:
             category="Bitwise comparison",
             labels={"candidate": "operators", "figure": "operator receipt"},
         ),
+    params:
+        scale=config["operators"]["scale"],
+        device=config["operators"]["device"],
     log:
         "results/logs/operator_checks.log",
+    resources:
+        gpu=lambda w: int(config["operators"]["device"] == "cuda"),
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.kernels.receipt --scale small --device cpu --environment {input.environment}"
+        "python -m workflow_src.kernels.receipt --scale {params.scale} --device {params.device}"
+        " --environment {input.environment}"
         " --out {output.json} --html {output.html} 2> {log}"

@@ -8,7 +8,9 @@ import sys
 import pytest
 
 from conftest import REPO, write_section
-from workflow_src.rl.settings import SWITCHES, RLSettings, SettingsError, parse_switches
+from workflow_src.rl.settings import GPU_ONLY, SWITCHES, RLSettings, SettingsError, parse_switches
+
+CPU_SWITCHES = sorted(set(SWITCHES) - GPU_ONLY)
 
 TASK = {"seed": 3, "n_train": 64, "n_test": 32, "n_heldout": 8, "min_operands": 2, "max_operands": 2,
         "operand_max": 20, "operators": ["+", "-"], "allow_negative": False}
@@ -66,14 +68,14 @@ def test_baseline_is_repeatable_and_learns_something(checkpoint, baseline_record
                                                    "train", "optimizer"}
 
 
-@pytest.mark.parametrize("switch", sorted(SWITCHES))
+@pytest.mark.parametrize("switch", CPU_SWITCHES)
 def test_each_switch_alone_matches_the_baseline(checkpoint, baseline_records, switch):
     switches = {switch, "lean_decode"} if switch in ("batched_groups", "shared_prefix") else {switch}
     assert checks(run_trainer(checkpoint, switches)) == checks(baseline_records)
 
 
 def test_all_switches_match_and_a_changed_seed_does_not(checkpoint, baseline_records):
-    assert checks(run_trainer(checkpoint, SWITCHES)) == checks(baseline_records)
+    assert checks(run_trainer(checkpoint, CPU_SWITCHES)) == checks(baseline_records)
     from workflow_src.rl.trainer import Trainer
     t = Trainer(checkpoint, RLSettings.from_dict({**RL, "seed": 2}), TASK, frozenset())
     try:
@@ -122,7 +124,8 @@ def test_cli_rejects_bad_input(checkpoint, tmp_path):
     base = [sys.executable, "-m", "workflow_src.rl", "--checkpoint", str(checkpoint), "--rl-section", str(rl),
             "--task-section", str(task), "--steps", "1", "--out", str(tmp_path / "o")]
     for extra, msg in ((["--impl", "optimized", "--switches", "bogus"], "unknown switch"),
-                       (["--impl", "baseline", "--switches", "lean_decode"], "baseline takes no switches")):
+                       (["--impl", "baseline", "--switches", "lean_decode"], "baseline takes no switches"),
+                       (["--impl", "optimized", "--switches", "fused_elementwise"], "need rl.device cuda")):
         proc = subprocess.run(base + extra, cwd=REPO, capture_output=True, text=True, timeout=120,
                               env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
         assert proc.returncode != 0 and msg in proc.stderr
@@ -133,7 +136,7 @@ def test_fourteen_deterministic_steps_bit_identical(checkpoint, tmp_path):
     """The acceptance test of every optimization switch: 14 steps, every recorded item, final digests."""
     from workflow_src.protocol.bitwise import compare, load_run
     run_cli(checkpoint, tmp_path, "baseline", 1, steps=14, records=True, name="base")
-    run_cli(checkpoint, tmp_path, "optimized", 1, steps=14, records=True, name="opt", switches=",".join(SWITCHES))
+    run_cli(checkpoint, tmp_path, "optimized", 1, steps=14, records=True, name="opt", switches=",".join(CPU_SWITCHES))
     result = compare(load_run(tmp_path / "base"), load_run(tmp_path / "opt"))
     assert result["pass"], result["first_divergence"]
     assert result["steps"] == 14 and result["counts"]["different"] == 0
@@ -163,3 +166,25 @@ def test_chunked_grads_cover_every_parameter_and_restore_the_model():
     assert "forward" not in vars(model[0])  # the class's forward is back
     with pytest.raises(SettingsError, match="cannot be combined"):
         parse_switches(["batched_train", "control_reduction_order"])
+
+
+def test_lazy_finish_checks_give_the_same_rollouts(checkpoint):
+    """Reading finished flags back every few steps (as on a GPU) cuts each group where it finished."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+    from workflow_src.rl.rollout import Sampling, rollout_lean
+    tok = AutoTokenizer.from_pretrained(checkpoint)
+    model = Qwen2ForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    s = Sampling(max_new_tokens=14, temperature=1.0, eos_ids=(tok.eos_token_id,), pad_id=tok.pad_token_id)
+    groups = [torch.tensor(tok(p)["input_ids"])[None, :].repeat(4, 1) for p in ("3+4=", "12-5=", "7+19=")]
+    want = rollout_lean(model, groups, [1, 2, 3], s, batched=True, shared_prefix=False, check_every=1)
+    assert any(w.shape[1] < g.shape[1] + 14 for w, g in zip(want, groups))  # some group stopped early
+    for every in (2, 3, 8):
+        got = rollout_lean(model, groups, [1, 2, 3], s, batched=True, shared_prefix=False, check_every=every)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), every
+
+
+def test_gpu_only_switches_refuse_the_cpu(checkpoint):
+    from workflow_src.rl.trainer import Trainer
+    with pytest.raises(SettingsError, match="need rl.device cuda"):
+        Trainer(checkpoint, RLSettings.from_dict(RL), TASK, frozenset({"fused_elementwise"}))

@@ -30,7 +30,7 @@ TINY = {
                 "vote": {"bootstrap_resamples": 200}, "bpb": {"chunk_tokens": 64}},
     "heldout_text": {"synthetic": {"documents": 4}},
 }
-SPINE = {"config_section": 14, "environment": 1, "reward_environment": 1, "checkpoint": 1, "pretraining_curve": 1,
+SPINE = {"config_section": 15, "environment": 1, "reward_environment": 1, "checkpoint": 1, "pretraining_curve": 1,
          "speedup_launch": 6, "paired_speedup": 2, "deterministic_run": 4, "bitwise_compare": 3, "bitwise_summary": 1,
          "operator_checks": 1, "experiment_manifest": 1, "all": 1,
          "heldout_text": 1, "randopt_base": 1, "randopt_population": 2, "randopt_gather": 1, "randopt_topk_answers": 1,
@@ -69,6 +69,20 @@ def workdir(tmp_path_factory):
 
 def test_dry_run_plans_the_spine(workdir):
     assert jobs_planned(smk(workdir, "-n", "--cores", "2")) == SPINE
+
+
+def test_gpu_preset_plans_the_rl_evidence_only(tmp_path):
+    """The H200 preset validates against the schema and its target runs no RandOpt (a plan; no GPU here)."""
+    preset = REPO / "config" / "presets" / "rl-qwen2.5-0.5b-h200.yaml"
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
+                           str(tmp_path), "rl_evidence", "--configfile", str(preset), "-n", "--cores", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert jobs_planned(proc) == {"config_section": 12, "environment": 1, "reward_environment": 1, "checkpoint": 1,
+                                  "operator_checks": 1, "speedup_launch": 3, "paired_speedup": 1,
+                                  "deterministic_run": 4, "bitwise_compare": 3, "bitwise_summary": 1,
+                                  "rl_evidence": 1}
+    assert "--source random" in proc.stdout and "--scale real --device cuda" in proc.stdout
 
 
 def test_full_run_then_nothing_to_do(workdir):

@@ -1,4 +1,5 @@
-"""Checkpoints: hub download (pinned + sha256), local directories, synthetic tiny-model pretraining."""
+"""Checkpoints: hub download (pinned + sha256), local directories, synthetic tiny-model pretraining, random-initialized
+public shapes (timing only)."""
 
 
 class CheckpointError(RuntimeError):

@@ -28,6 +28,13 @@ def build_checkpoint(name: str, source: str, spec: dict, task: dict | None, out:
                 raise CheckpointError("checkpoint.source synthetic needs the task.synthetic_arithmetic section")
             build(spec, task, staging, progress=progress)
             identity = {"synthetic": spec, "task": task}
+        elif source == "random":
+            from .random_init import build
+            if task is None:
+                raise CheckpointError("checkpoint.source random needs the task.synthetic_arithmetic section "
+                                      "(its tokenizer)")
+            build(spec, task, staging, progress=progress)
+            identity = {"random": spec, "task": task}
         elif source == "hf":
             from .hub import fetch
             fetch(spec, staging)
@@ -44,9 +51,9 @@ def build_checkpoint(name: str, source: str, spec: dict, task: dict | None, out:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--name", required=True)
-    ap.add_argument("--source", required=True, choices=["synthetic", "hf", "local"])
+    ap.add_argument("--source", required=True, choices=["synthetic", "random", "hf", "local"])
     ap.add_argument("--source-section", required=True, help="results/config/checkpoint.<source>.json")
-    ap.add_argument("--task-section", help="results/config/task.synthetic_arithmetic.json (synthetic only)")
+    ap.add_argument("--task-section", help="results/config/task.synthetic_arithmetic.json (synthetic and random)")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)

@@ -17,6 +17,8 @@ outside the alphabet are dropped, and the task never produces any).
 
 from __future__ import annotations
 
+import itertools
+
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
@@ -30,13 +32,33 @@ def _byte_level(ch: str) -> str:
     return piece
 
 
-def build_tokenizer(alphabet: str, model_max_length: int) -> PreTrainedTokenizerFast:
+def _filler(pieces: list[str], count: int) -> list[str]:
+    """`count` distinct strings of 2 or more pieces, shortest first, in a fixed order."""
+    out: list[str] = []
+    for length in itertools.count(2):
+        for combo in itertools.product(pieces, repeat=length):
+            if len(out) == count:
+                return out
+            out.append("".join(combo))
+    return out
+
+
+def build_tokenizer(alphabet: str, model_max_length: int, vocab_size: int | None = None) -> PreTrainedTokenizerFast:
+    """`vocab_size`: fill the vocabulary up to that many ids with multi-character strings of the alphabet.
+    Text still encodes one token per character (there are no merges), but every id decodes to text: a
+    random-weight model's samples read as random strings of the task's characters."""
     chars = sorted(set(alphabet))
     if not chars:
         raise ValueError("tokenizer alphabet is empty")
     if any(len(ch.encode("utf-8")) != 1 for ch in chars):
         raise ValueError(f"tokenizer alphabet must be ASCII (one byte, so one token, per character): {alphabet!r}")
-    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *(_byte_level(ch) for ch in chars)])}
+    pieces = [_byte_level(ch) for ch in chars]
+    tokens = [*SPECIAL_TOKENS, *pieces]
+    if vocab_size is not None:
+        if vocab_size < len(tokens):
+            raise ValueError(f"vocab_size {vocab_size} is smaller than the alphabet's {len(tokens)} tokens")
+        tokens += _filler(pieces, vocab_size - len(tokens))
+    vocab = {tok: i for i, tok in enumerate(tokens)}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([

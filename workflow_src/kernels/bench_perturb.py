@@ -19,26 +19,16 @@ import time
 
 import torch
 
+from ..model.shapes import architecture, parameter_shapes
 from ..randopt import noise
 from .perturb import SwitchGraph, reconstruct_triton
 
-# (hidden, intermediate, layers, heads, kv_heads, vocab, tied) from the models' public configs.
-QWEN2_SHAPES = {
-    "0.5B": (896, 4864, 24, 14, 2, 151936, True),
-    "1.5B": (1536, 8960, 28, 12, 2, 151936, True),
-    "7B": (3584, 18944, 28, 28, 4, 152064, False),
-}
+# Benchmark labels -> public architectures (workflow_src/model/shapes.py).
+SHAPE_LABELS = {"0.5B": "qwen2.5-0.5b", "1.5B": "qwen2.5-1.5b", "7B": "qwen2.5-7b"}
 
 
-def qwen2_param_shapes(name: str) -> list[tuple[int, ...]]:
-    h, inter, layers, heads, kv, vocab, tied = QWEN2_SHAPES[name]
-    d = h // heads
-    per_layer = [(heads * d, h), (heads * d,), (kv * d, h), (kv * d,), (kv * d, h), (kv * d,), (h, heads * d),
-                 (inter, h), (inter, h), (h, inter), (h,), (h,)]
-    shapes = [(vocab, h)] + per_layer * layers + [(h,)]
-    if not tied:
-        shapes.append((vocab, h))
-    return shapes
+def qwen2_param_shapes(label: str) -> list[tuple[int, ...]]:
+    return parameter_shapes(architecture(SHAPE_LABELS[label]))
 
 
 def flat_shapes(total: int, chunk: int = 50_000_000) -> list[tuple[int, ...]]:

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..kernels.rmsnorm import add_rms_norm, rms_norm
-from ..kernels.rope import apply_rope, rope_table
-from ..kernels.swiglu import swiglu_mlp
+from ..kernels.rope import apply_rope, apply_rope_fused, rope_table
+from ..kernels.swiglu import swiglu_mlp, swiglu_mlp_fused
 
 
 def _rms(norm: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
@@ -43,8 +43,11 @@ class Segment:
 class LeanQwen2:
     """Inference over a (plain, unsharded) transformers Qwen2ForCausalLM's parameters."""
 
-    def __init__(self, model: torch.nn.Module, batch_rows: int, max_len: int):
+    def __init__(self, model: torch.nn.Module, batch_rows: int, max_len: int, fused: bool = False):
+        """`fused`: SiLU×up and RoPE through the bit-exact fused Triton kernels (CUDA)."""
         self.model = model
+        self.rope = apply_rope_fused if fused else apply_rope
+        self.mlp = swiglu_mlp_fused if fused else swiglu_mlp
         cfg = model.config
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.kv_heads = cfg.num_key_value_heads
@@ -91,7 +94,7 @@ class LeanQwen2:
             qs = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
             ks = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
             vs = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
-            qs, ks = apply_rope(qs, ks, cos, sin)
+            qs, ks = self.rope(qs, ks, cos, sin)
             outs = []
             for seg in segments:
                 b = slice(seg.batch_row0, seg.batch_row0 + seg.rows)
@@ -109,7 +112,7 @@ class LeanQwen2:
                                 norm.variance_epsilon)
             residual = h
             mlp = layer.mlp
-            h = residual + swiglu_mlp(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+            h = residual + self.mlp(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
         return _rms(self.model.model.norm, h)
 
     def copy_rows(self, src_row: int, dst: slice, length: int) -> None:

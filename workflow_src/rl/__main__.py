@@ -6,7 +6,8 @@
 
 Writes DIR/steps.jsonl: one line per (step, rank) with seconds, phases, bit-exact check values
 and statistics; step 0 of rank 0 also carries the step-0 evaluation on the fixed prompt fixture.
-Under torchrun every rank trains (FSDP2, gloo on CPU) and rank 0 writes all ranks' lines.
+Under torchrun every rank trains (FSDP2; gloo on CPU, NCCL with one GPU per rank when rl.device is cuda)
+and rank 0 writes all ranks' lines.
 
 Rewards come from the reward service at $SPEEDPROOF_REWARD_URL (or --reward-url) when one is given
 (`python -m workflow_src.reward.serve` starts one around this command), with the client settings
@@ -26,10 +27,10 @@ from ..progress import progress_bar
 from ..provenance.atomic import atomic_write_text
 from ..provenance.stamp import load_config_section
 from ..reward.serve import URL_VARIABLE
-from .settings import SWITCHES, RLSettings, SettingsError, parse_switches
+from .settings import GPU_ONLY, SWITCHES, RLSettings, SettingsError, parse_switches
 
 
-def make_rewards(url: str | None, reward_section: str | None, overlap: bool):
+def make_rewards(url: str | None, reward_section: str | None, overlap: bool, task: str = "synthetic_arithmetic"):
     """The reward-service client when a URL is given, else None (the trainer grades in process)."""
     if not url:
         return None
@@ -37,7 +38,7 @@ def make_rewards(url: str | None, reward_section: str | None, overlap: bool):
     client = load_config_section(reward_section)["value"].get("client", {}) if reward_section else {}
     rewards = RewardClient(url, timeout_s=client.get("timeout_s", 30), retries=client.get("retries", 3),
                            backoff_s=client.get("backoff_s", 0.2), max_batch=client.get("max_batch", 256),
-                           overlap=overlap)
+                           overlap=overlap, task=task)
     try:
         rewards.health()  # fail before any work, with the URL in the message
     except RewardServiceError as e:
@@ -102,6 +103,8 @@ def main(argv: list[str] | None = None) -> None:
             switches = frozenset()
         else:
             switches = parse_switches(a.switches if a.switches is not None else rl_cfg.get("switches", []))
+        if GPU_ONLY & switches and settings.device != "cuda":
+            raise SettingsError(f"switch(es) {sorted(GPU_ONLY & switches)} need rl.device cuda")
     except SettingsError as e:
         raise SystemExit(f"rl: {e}") from None
     if a.steps < 1:
@@ -109,9 +112,10 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch.distributed as dist
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if settings.device == "cuda" else "gloo")
     from .trainer import Trainer
-    rewards = make_rewards(a.reward_url, a.reward_section, overlap="reward_overlap" in switches)
+    rewards = make_rewards(a.reward_url, a.reward_section, overlap="reward_overlap" in switches,
+                           task=settings.reward_task)
     trainer = Trainer(a.checkpoint, settings, task_spec, switches, deterministic=a.deterministic, rewards=rewards)
     rank = trainer.rank
     records = []

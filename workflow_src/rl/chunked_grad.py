@@ -7,25 +7,28 @@ gradients — row-wise ops, and GEMM rows that do not depend on how many rows th
 comparison vouches for on each machine — but would reduce each parameter gradient over all rows at once,
 in another order. Inside `chunked_parameter_grads(model, rows)`, every parameterized module of a Qwen2
 model (Linear, Embedding, and the RMSNorm scale) computes its parameter gradients chunk by chunk, with
-the ops autograd uses for one micro-batch, and adds them into `.grad` in micro-batch order: the same
-additions the baseline does.
+the ops autograd uses for one micro-batch, and hands them to `accumulate` in micro-batch order: the same
+additions the baseline does. A parameter used by two modules (tied embeddings) gets, per chunk, the sum
+of both modules' chunk gradients first, as autograd sums a tensor's two uses within one backward.
 
 The replicated backward formulas (PyTorch's derivatives for linear / addmm, mul and embedding):
-  linear  dX = dY @ W;  dW = (dY_k)^T @ X_k;  db = sum_to(dY_k, b.shape)
+  linear  dX_k = dY_k @ W;  dW = (dY_k)^T @ X_k;  db = sum_to(dY_k, b.shape)
   scale   dH = dY * w;  dw = sum_to(dY_k * H_k, w.shape)
   embed   dW = embedding_backward(dY_k, ids_k, num_weights, padding_idx, False, False)
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from contextlib import contextmanager
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 
-def _accumulate(param: torch.Tensor, grad: torch.Tensor) -> None:
-    # What AccumulateGrad does for a dense grad: store the first, then add in place.
+def accumulate_grad(param: torch.Tensor, grad: torch.Tensor) -> None:
+    """What AccumulateGrad does for a dense grad: store the first, then add in place."""
     if param.grad is None:
         param.grad = grad
     else:
@@ -36,86 +39,116 @@ def _chunks(t: torch.Tensor, rows: int) -> list[torch.Tensor]:
     return list(torch.split(t, rows))
 
 
+class _Sink:
+    """Receives each module's per-chunk gradients; sums a shared parameter's uses before accumulating."""
+
+    def __init__(self, uses: Counter, accumulate: Callable[[torch.Tensor, torch.Tensor], None]):
+        self.uses, self.accumulate = uses, accumulate
+        self.pending: dict[int, tuple[int, list[torch.Tensor]]] = {}
+
+    def add(self, param: torch.Tensor, chunk_grads: list[torch.Tensor]) -> None:
+        key = id(param)
+        if self.uses[key] > 1:
+            seen, acc = self.pending.pop(key, (0, None))
+            chunk_grads = chunk_grads if acc is None else [a + g for a, g in zip(acc, chunk_grads)]
+            if seen + 1 < self.uses[key]:
+                self.pending[key] = (seen + 1, chunk_grads)
+                return
+        for g in chunk_grads:
+            self.accumulate(param, g)
+
+
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, rows):
+    def forward(ctx, x, weight, bias, rows, sink):
         ctx.save_for_backward(x, weight)
-        ctx.bias, ctx.rows = bias, rows
+        ctx.bias, ctx.rows, ctx.sink = bias, rows, sink
         return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
         out_f, in_f = weight.shape
-        dx = dy.reshape(-1, out_f).mm(weight).view(x.shape)
-        for x_k, dy_k in zip(_chunks(x, ctx.rows), _chunks(dy, ctx.rows)):
-            d2 = dy_k.reshape(-1, out_f)
-            _accumulate(weight, d2.t().mm(x_k.reshape(-1, in_f)))
-            if ctx.bias is not None:
-                _accumulate(ctx.bias, d2.sum_to_size(ctx.bias.shape))
-        return dx, None, None, None
+        pairs = [(x_k, dy_k.reshape(-1, out_f)) for x_k, dy_k in zip(_chunks(x, ctx.rows), _chunks(dy, ctx.rows))]
+        # dX per chunk too: cuBLAS chooses its kernel (and so the reduction over out_features) by the row
+        # count, so only the micro-batch's own GEMM shape reproduces its bits on a GPU.
+        dx = torch.cat([d2.mm(weight).view(x_k.shape) for x_k, d2 in pairs])
+        ctx.sink.add(weight, [d2.t().mm(x_k.reshape(-1, in_f)) for x_k, d2 in pairs])
+        if ctx.bias is not None:
+            ctx.sink.add(ctx.bias, [d2.sum_to_size(ctx.bias.shape) for _, d2 in pairs])
+        return dx, None, None, None, None
 
 
 class _Scale(torch.autograd.Function):
     """weight * h (the last op of Qwen2RMSNorm)."""
 
     @staticmethod
-    def forward(ctx, weight, h, rows):
+    def forward(ctx, weight, h, rows, sink):
         ctx.save_for_backward(weight, h)
-        ctx.rows = rows
+        ctx.rows, ctx.sink = rows, sink
         return weight * h
 
     @staticmethod
     def backward(ctx, dy):
         weight, h = ctx.saved_tensors
-        for h_k, dy_k in zip(_chunks(h, ctx.rows), _chunks(dy, ctx.rows)):
-            _accumulate(weight, (dy_k * h_k).sum_to_size(weight.shape))
-        return None, dy * weight, None
+        ctx.sink.add(weight, [(dy_k * h_k).sum_to_size(weight.shape)
+                              for h_k, dy_k in zip(_chunks(h, ctx.rows), _chunks(dy, ctx.rows))])
+        return None, dy * weight, None, None
 
 
 class _Embedding(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, ids, weight, padding_idx, rows):
+    def forward(ctx, ids, weight, padding_idx, rows, sink):
         ctx.save_for_backward(ids)
-        ctx.weight, ctx.padding_idx, ctx.rows = weight, padding_idx, rows
+        ctx.weight, ctx.padding_idx, ctx.rows, ctx.sink = weight, padding_idx, rows, sink
         return F.embedding(ids, weight, padding_idx)
 
     @staticmethod
     def backward(ctx, dy):
         (ids,) = ctx.saved_tensors
         pad = -1 if ctx.padding_idx is None else ctx.padding_idx
-        for ids_k, dy_k in zip(_chunks(ids, ctx.rows), _chunks(dy, ctx.rows)):
-            _accumulate(ctx.weight, torch.ops.aten.embedding_backward(dy_k, ids_k, ctx.weight.shape[0], pad,
-                                                                      False, False))
-        return None, None, None, None
+        ctx.sink.add(ctx.weight, [torch.ops.aten.embedding_backward(dy_k, ids_k, ctx.weight.shape[0], pad, False, False)
+                                  for ids_k, dy_k in zip(_chunks(ids, ctx.rows), _chunks(dy, ctx.rows))])
+        return None, None, None, None, None
 
 
-def _rmsnorm_forward(module, rows):
+def _rmsnorm_forward(module, rows, sink):
     def forward(hidden_states):
         input_dtype = hidden_states.dtype
         h = hidden_states.to(torch.float32)
         variance = h.pow(2).mean(-1, keepdim=True)
         h = h * torch.rsqrt(variance + module.variance_epsilon)
-        return _Scale.apply(module.weight, h.to(input_dtype), rows)
+        return _Scale.apply(module.weight, h.to(input_dtype), rows, sink)
     return forward
 
 
 @contextmanager
-def chunked_parameter_grads(model: torch.nn.Module, rows: int):
-    """Within the block, `model`'s forward accumulates parameter gradients per `rows`-row chunk (dim 0)."""
-    patched, covered = [], set()
+def chunked_parameter_grads(model: torch.nn.Module, rows: int,
+                            accumulate: Callable[[torch.Tensor, torch.Tensor], None] = accumulate_grad):
+    """Within the block, `model`'s forward hands parameter gradients per `rows`-row chunk (dim 0) to
+    `accumulate(param, grad)`, chunk by chunk (default: into `param.grad`, as autograd would)."""
+    patched, covered, uses = [], set(), Counter()
+    found = []
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
-            fwd = (lambda m: lambda x: _Linear.apply(x, m.weight, m.bias, rows))(module)
-            covered.update(id(p) for p in (module.weight, module.bias) if p is not None)
+            params = [p for p in (module.weight, module.bias) if p is not None]
         elif isinstance(module, torch.nn.Embedding):
-            fwd = (lambda m: lambda ids: _Embedding.apply(ids, m.weight, m.padding_idx, rows))(module)
-            covered.add(id(module.weight))
+            params = [module.weight]
         elif type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
-            fwd = _rmsnorm_forward(module, rows)
-            covered.add(id(module.weight))
+            params = [module.weight]
         else:
             continue
+        found.append(module)
+        covered.update(id(p) for p in params)
+        uses.update(id(p) for p in params)
+    sink = _Sink(uses, accumulate)
+    for module in found:
+        if isinstance(module, torch.nn.Linear):
+            fwd = (lambda m: lambda x: _Linear.apply(x, m.weight, m.bias, rows, sink))(module)
+        elif isinstance(module, torch.nn.Embedding):
+            fwd = (lambda m: lambda ids: _Embedding.apply(ids, m.weight, m.padding_idx, rows, sink))(module)
+        else:
+            fwd = _rmsnorm_forward(module, rows, sink)
         patched.append(module)
         module.forward = fwd
     missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in covered]
@@ -123,6 +156,8 @@ def chunked_parameter_grads(model: torch.nn.Module, rows: int):
         if missing:
             raise ValueError(f"chunked_parameter_grads: no chunked backward for parameters {missing}")
         yield
+        if sink.pending:
+            raise RuntimeError("chunked_parameter_grads: a shared parameter got fewer gradients than it has uses")
     finally:
         for module in patched:
             del module.forward  # back to the class's forward

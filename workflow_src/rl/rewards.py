@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from ..tasks.answers import grade
+from ..tasks.registry import get_task
 
 
 class InProcessRewards:
-    def __init__(self, overlap: bool):
+    def __init__(self, overlap: bool, task: str = "synthetic_arithmetic"):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rewards") if overlap else None
+        self._task = get_task(task)
 
     def score(self, completions: list[str], answers: list[str]) -> list[float]:
-        return [grade(c, a) for c, a in zip(completions, answers)]
+        return [self._task.grade(c, a) for c, a in zip(completions, answers)]
 
     def submit(self, completions: list[str], answers: list[str]) -> Future | list[float]:
         if self._pool is None:

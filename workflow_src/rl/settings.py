@@ -16,8 +16,12 @@ SWITCHES: dict[str, str] = {
     "reward_overlap": "rewards are submitted before the reference forward and resolved before the advantages",
     "batched_train": "the micro-batches of one (group, round) share one forward/backward; parameter gradients "
                      "are still reduced per micro-batch and added in micro-batch order",
+    "fused_elementwise": "SiLU×up and RoPE, forward and backward, as single Triton kernels that reproduce eager "
+                         "PyTorch's rounding (CUDA only)",
 }
 REQUIRES = {"batched_groups": "lean_decode", "shared_prefix": "lean_decode"}
+# Switches whose kernels exist only on a GPU (the Triton interpreter on the CPU does not reproduce eager's exp).
+GPU_ONLY = {"fused_elementwise"}
 # Pairs that cannot run together: the control reorders micro-batches, which a batched step has no loop for.
 CONFLICTS = {("batched_train", "control_reduction_order")}
 # Deliberately non-equivalent changes: the bitwise comparison must flag them (negative controls).
@@ -25,6 +29,10 @@ CONTROLS: dict[str, str] = {
     "control_reduction_order": "accumulates the micro-batches' gradients (and losses) in reverse order: "
                                "the same math, another rounding",
 }
+
+
+# The trainer's prompts are the synthetic task's; these graders read its answers.
+REWARD_TASKS = ("synthetic_arithmetic", "synthetic_arithmetic_dense")
 
 
 class SettingsError(ValueError):
@@ -50,6 +58,9 @@ class RLSettings:
     clip_eps: float = 0.2
     max_grad_norm: float = 1.0
     threads: int = 2
+    device: str = "cpu"
+    precision: str = "fp32"
+    reward_task: str = "synthetic_arithmetic"
     eval_prompts: int = 8
     refine_separator: str = "\n"
 
@@ -63,6 +74,13 @@ class RLSettings:
         if s.group_size % s.policy_group_size:
             raise SettingsError(f"rl.policy_group_size ({s.policy_group_size}) must divide rl.group_size "
                                 f"({s.group_size}) so a micro-batch never spans two groups")
+        if s.device not in ("cpu", "cuda"):
+            raise SettingsError(f"rl.device must be cpu or cuda, got {s.device!r}")
+        if s.precision not in ("fp32", "bf16"):
+            raise SettingsError(f"rl.precision must be fp32 or bf16, got {s.precision!r}")
+        if s.reward_task not in REWARD_TASKS:
+            raise SettingsError(f"rl.reward_task must be synthetic_arithmetic or synthetic_arithmetic_dense, got "
+                                f"{s.reward_task!r}")
         if s.rounds not in (1, 2):
             raise SettingsError(f"rl.rounds must be 1 or 2, got {s.rounds}")
         return s

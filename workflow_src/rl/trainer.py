@@ -16,6 +16,7 @@ clip the gradient norm (pre-clip norm recorded); AdamW with a linear warm-up.
 from __future__ import annotations
 
 import copy
+import os
 import random
 import time
 from contextlib import contextmanager
@@ -28,15 +29,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from transformers import AutoTokenizer, Qwen2ForCausalLM
 
+from ..model.fused_ops import fused_elementwise
 from ..model.lean_qwen2 import LeanQwen2, Segment
 from ..protocol.digest import scalar_hex, tensor_digest
 from ..tasks import synthetic_arithmetic as task
 from .chunked_grad import chunked_parameter_grads
+from .precision import MasterWeights
 from .loss import group_advantages, grpo_loss, grpo_per_sequence, token_logprobs
 from .rewards import InProcessRewards
 from .rollout import Sampling, rollout_generate, rollout_lean
 from .seeds import derive_seed
-from .settings import RLSettings
+from .settings import GPU_ONLY, RLSettings, SettingsError
 
 
 @dataclass
@@ -55,8 +58,11 @@ class Batch:
 
 
 class PhaseTimer:
-    def __init__(self):
+    """Wall time per phase; on a GPU each phase ends with a synchronize so queued work is counted where it runs."""
+
+    def __init__(self, device: torch.device):
         self.phases: dict[str, float] = {}
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     @contextmanager
     def __call__(self, name: str):
@@ -64,6 +70,7 @@ class PhaseTimer:
         try:
             yield
         finally:
+            self.sync()
             self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t
 
 
@@ -74,31 +81,52 @@ class Trainer:
         it. Default: the in-process grader."""
         self.s, self.sw = settings, switches
         torch.set_num_threads(settings.threads)
-        if deterministic:
-            torch.use_deterministic_algorithms(True)
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
+        if settings.device == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("rl.device is cuda but torch sees no GPU")
+            # cuBLAS is deterministic only with a fixed workspace; read when its first handle is made.
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+        if deterministic:
+            torch.use_deterministic_algorithms(True)
+        compute = torch.bfloat16 if settings.precision == "bf16" else torch.float32
+        gpu_only = sorted(GPU_ONLY & switches)
+        if gpu_only and self.device.type != "cuda":
+            raise SettingsError(f"switch(es) {gpu_only} need rl.device cuda (their kernels run on a GPU only)")
+        self.fused = "fused_elementwise" in switches
 
         self.tok = AutoTokenizer.from_pretrained(checkpoint)
         torch.manual_seed(settings.seed)
         policy = Qwen2ForCausalLM.from_pretrained(checkpoint, dtype=torch.float32, attn_implementation="sdpa")
-        self.ref = copy.deepcopy(policy).eval().requires_grad_(False)
+        policy.to(self.device)
+        self.ref = copy.deepcopy(policy).to(compute).eval().requires_grad_(False)
         if self.distributed:
-            from torch.distributed.fsdp import fully_shard
-            self.rollout_model = copy.deepcopy(policy).eval().requires_grad_(False)
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            # FSDP2 keeps the fp32 shards as the masters and gathers them in the compute dtype.
+            mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+            self.rollout_model = copy.deepcopy(policy).to(compute).eval().requires_grad_(False)
             for layer in policy.model.layers:
-                fully_shard(layer)
-            fully_shard(policy)
+                fully_shard(layer, mp_policy=mp)
+            fully_shard(policy, mp_policy=mp)
+            self.master = MasterWeights(policy, torch.float32)
         else:
+            self.master = MasterWeights(policy, compute)
             self.rollout_model = policy
         self.policy = policy
-        self.opt = torch.optim.AdamW(policy.parameters(), lr=settings.learning_rate,
+        self.opt = torch.optim.AdamW(self.master.parameters(), lr=settings.learning_rate,
                                      betas=(settings.adam_beta1, settings.adam_beta2), eps=settings.adam_eps,
                                      weight_decay=settings.weight_decay)
         warm = max(settings.warmup_steps, 1)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda i: min(1.0, (i + 1) / warm))
-        self.rewards = rewards if rewards is not None else InProcessRewards(overlap="reward_overlap" in switches)
+        if rewards is None:
+            rewards = InProcessRewards(overlap="reward_overlap" in switches, task=settings.reward_task)
+        self.rewards = rewards
         splits = task.make_splits(task_spec)
         self.train, self.test = splits["train"], splits["test"]
         eos = self.tok.eos_token_id
@@ -118,9 +146,11 @@ class Trainer:
         return [self.train[i] for i in rng.sample(range(len(self.train)), self.s.prompts_per_step)]
 
     def _rollout(self, groups: list[torch.Tensor], seeds: list[int]) -> list[torch.Tensor]:
+        """Each group's rows with their sampled completions (on the trainer's device)."""
         if "lean_decode" in self.sw:
             return rollout_lean(self.rollout_model, groups, seeds, self.sampling,
-                                batched="batched_groups" in self.sw, shared_prefix="shared_prefix" in self.sw)
+                                batched="batched_groups" in self.sw, shared_prefix="shared_prefix" in self.sw,
+                                fused=self.fused)
         return rollout_generate(self.rollout_model, groups, seeds, self.sampling)
 
     def _completion(self, row: torch.Tensor, prompt_len: int) -> tuple[str, torch.Tensor]:
@@ -130,18 +160,18 @@ class Trainer:
         n = int(eos_at[0]) + 1 if len(eos_at) else len(gen)
         mask = torch.zeros(len(row), dtype=torch.float32)
         mask[prompt_len:prompt_len + n] = 1.0
-        return self.tok.decode(gen[:n], skip_special_tokens=True), mask
+        return self.tok.decode(gen[:n].tolist(), skip_special_tokens=True), mask
 
     def _ref_logprobs(self, batches: list[Batch]) -> None:
         if "ref_batched" in self.sw:
             for b in batches:
-                lean = LeanQwen2(self.ref, b.ids.shape[0], b.ids.shape[1])
+                lean = LeanQwen2(self.ref, b.ids.shape[0], b.ids.shape[1], fused=self.fused)
                 h = lean.hidden(b.ids, [Segment(0, 0, b.ids.shape[0], 0)])
                 # Logits only where a completion token is predicted (forward-only, so slicing rows
                 # before the projection changes no bits; positions are per-row independent).
                 want = b.mask[:, 1:].bool()
                 logits = F.linear(h[:, :-1][want], self.ref.lm_head.weight)
-                lp = torch.zeros(b.mask[:, 1:].shape)
+                lp = torch.zeros(b.mask[:, 1:].shape, device=self.device)
                 lp[want] = F.log_softmax(logits.float(), dim=-1).gather(-1, b.ids[:, 1:][want][:, None]).squeeze(-1)
                 b.ref_logp = lp
             return
@@ -161,7 +191,16 @@ class Trainer:
 
     # ---- the step -----------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, Any]:
-        timer = PhaseTimer()
+        if not self.fused:
+            return self._step(step)
+        with fused_elementwise(self.policy, self.ref, self.rollout_model):
+            return self._step(step)
+
+    def _step(self, step: int) -> dict[str, Any]:
+        timer = PhaseTimer(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         s = self.s
         with timer("sync"):
@@ -170,8 +209,8 @@ class Trainer:
         batches: list[Batch] = []
         token_digests = {}
         handles = []
-        round_inputs = [torch.tensor(self.tok(p.prompt)["input_ids"])[None, :].repeat(s.group_size, 1)
-                        for p in problems]
+        round_inputs = [torch.tensor(self.tok(p.prompt)["input_ids"], device=self.device)[None, :]
+                        .repeat(s.group_size, 1) for p in problems]
         for rnd in range(1, s.rounds + 1):
             seeds = [derive_seed(s.seed, "sample", step, self.rank, g, rnd) for g in range(len(problems))]
             with timer(f"rollout_round{rnd}"):
@@ -179,22 +218,22 @@ class Trainer:
             token_digests[f"round{rnd}"] = tensor_digest(torch.cat([x.flatten() for x in seqs]))
             with timer("reward_submit"):
                 for g, (p, ids, inp) in enumerate(zip(problems, seqs, round_inputs)):
-                    texts, masks = zip(*(self._completion(row, inp.shape[1]) for row in ids))
-                    b = Batch(g, rnd, ids, torch.stack(masks), inp.shape[1], p.answer)
+                    texts, masks = zip(*(self._completion(row, inp.shape[1]) for row in ids.cpu()))
+                    b = Batch(g, rnd, ids, torch.stack(masks).to(self.device), inp.shape[1], p.answer)
                     batches.append(b)
                     handles.append(self.rewards.submit(list(texts), [p.answer] * len(texts)))
-            sep = torch.tensor(self.sep, dtype=torch.long)[None, :].repeat(s.group_size, 1)
+            sep = torch.tensor(self.sep, dtype=torch.long, device=self.device)[None, :].repeat(s.group_size, 1)
             round_inputs = [torch.cat([x, sep], 1) for x in seqs]
         if "reward_overlap" not in self.sw:
             with timer("reward_wait"):
                 for b, h in zip(batches, handles):
-                    b.rewards = torch.tensor(self.rewards.resolve(h), dtype=torch.float32)
+                    b.rewards = torch.tensor(self.rewards.resolve(h), dtype=torch.float32, device=self.device)
         with timer("reference"):
             self._ref_logprobs(batches)
         if "reward_overlap" in self.sw:
             with timer("reward_wait"):
                 for b, h in zip(batches, handles):
-                    b.rewards = torch.tensor(self.rewards.resolve(h), dtype=torch.float32)
+                    b.rewards = torch.tensor(self.rewards.resolve(h), dtype=torch.float32, device=self.device)
         for b in batches:
             b.adv = group_advantages(b.rewards)
         if "reuse_old_logprobs" not in self.sw:
@@ -202,10 +241,8 @@ class Trainer:
                 self._old_logprobs(batches)
 
         total = sum(b.ids.shape[0] for b in batches)
-        loss_sum = torch.zeros((), dtype=torch.float32)
-        kl_sum = torch.zeros((), dtype=torch.float32)
-        ent_num = torch.zeros((), dtype=torch.float32)
-        ent_den = torch.zeros((), dtype=torch.float32)
+        loss_sum, kl_sum, ent_num, ent_den = (torch.zeros((), dtype=torch.float32, device=self.device)
+                                              for _ in range(4))
         micro = []
         for b in batches:
             n = s.policy_group_size
@@ -216,6 +253,7 @@ class Trainer:
             micro.reverse()
         with timer("train"):
             self.opt.zero_grad(set_to_none=True)
+            self.policy.zero_grad(set_to_none=True)
             if "batched_train" in self.sw:
                 for b in batches:  # adds into the step's sums in place, micro-batch by micro-batch
                     self._train_batch(b, total, loss_sum, kl_sum, ent_num, ent_den)
@@ -225,24 +263,28 @@ class Trainer:
                 old = logp.detach() if "reuse_old_logprobs" in self.sw else b.old_logp[k]
                 loss, kl = grpo_loss(logp, old, r, a, m, s.clip_eps, s.kl_coef, total)
                 loss.backward()
+                self.master.collect()
                 loss_sum += loss.detach()
                 kl_sum += kl
                 ent_num += (ent.detach() * m).sum()
                 ent_den += m.sum()
         with timer("optimizer"):
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), s.max_grad_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.master.parameters(), s.max_grad_norm)
             if hasattr(grad_norm, "full_tensor"):
                 grad_norm = grad_norm.full_tensor()
             lr = self.opt.param_groups[0]["lr"]
             self.opt.step()
             self.sched.step()
+            self.master.publish()
         seconds = time.perf_counter() - t0
+        peak = torch.cuda.max_memory_allocated() if self.device.type == "cuda" else None
 
         rewards = torch.cat([b.rewards for b in batches])
         adv = torch.cat([b.adv for b in batches])
         entropy = ent_num / ent_den.clamp(min=1)
         return {
             "step": step, "rank": self.rank, "seconds": seconds, "phases": timer.phases,
+            "peak_memory_bytes": peak,
             "check": {
                 "loss": scalar_hex(loss_sum), "kl": scalar_hex(kl_sum), "entropy": scalar_hex(entropy),
                 "grad_norm": scalar_hex(grad_norm), "lr": scalar_hex(lr),
@@ -259,7 +301,7 @@ class Trainer:
         """`batched_train`: one forward/backward for the batch; the step's sums (updated in place) and the
         parameter gradients get the baseline's additions, micro-batch by micro-batch."""
         n = self.s.policy_group_size
-        with chunked_parameter_grads(self.policy, n):
+        with chunked_parameter_grads(self.policy, n, accumulate=self.master.accumulate):
             logp, ent = token_logprobs(self.policy(input_ids=b.ids).logits, b.ids)
             m = b.mask[:, 1:]
             old = logp.detach() if "reuse_old_logprobs" in self.sw else torch.cat(b.old_logp)
@@ -276,9 +318,9 @@ class Trainer:
 
     def final_digests(self) -> dict[str, dict[str, str]]:
         """Digests of every parameter and every optimizer-state tensor (all ranks must call: DTensors gather)."""
-        params = {n: tensor_digest(p) for n, p in self.policy.named_parameters()}
+        params = {n: tensor_digest(p) for n, p in self.master.named_parameters()}
         state = {}
-        for n, p in self.policy.named_parameters():
+        for n, p in self.master.named_parameters():
             for key, value in sorted(self.opt.state.get(p, {}).items()):
                 state[f"{n}.{key}"] = tensor_digest(value) if isinstance(value, torch.Tensor) else scalar_hex(value)
         return {"parameters": params, "optimizer": state}

@@ -1,0 +1,99 @@
+"""Which switches reproduce the baseline's bits on this machine, and what each one costs or saves.
+
+    python -m workflow_src.rl.switch_check --checkpoint DIR --rl-section results/config/rl.json \\
+        --task-section results/config/task.synthetic_arithmetic.json [--settings-json '{...}'] \\
+        [--steps 2] [--configs all|each|NAME+NAME,...] --out check.json
+
+Runs the baseline, then each switch alone (with the switches it needs), then all of them, each for
+--steps deterministic in-process steps, and compares every step's check items and the final parameter
+and optimizer digests with the baseline's. A GEMM whose bits depend on its row count (cuBLAS picks
+kernels by shape) shows up here as the switch that batches rows failing, before a 14-step comparison
+is spent on it. The control (reversed reduction order) runs too and must differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..provenance.atomic import atomic_write_text
+from ..provenance.stamp import load_config_section
+from .settings import CONTROLS, GPU_ONLY, REQUIRES, SWITCHES, RLSettings, parse_switches
+
+
+def default_configs(device: str) -> list[tuple[str, list[str]]]:
+    names = [n for n in SWITCHES if device == "cuda" or n not in GPU_ONLY]
+    configs = [("baseline", [])]
+    for name in names:
+        configs.append((name, sorted({name, *([REQUIRES[name]] if name in REQUIRES else [])})))
+    configs.append(("all", sorted(names)))
+    configs += [(name, [name]) for name in CONTROLS]
+    return configs
+
+
+def run_config(checkpoint: Path, settings: RLSettings, task_spec: dict, switches: list[str], steps: int) -> dict:
+    from .trainer import Trainer
+    t0 = time.perf_counter()
+    trainer = Trainer(checkpoint, settings, task_spec, parse_switches(switches), deterministic=True)
+    try:
+        records = [trainer.step(i) for i in range(steps)]
+        final = trainer.final_digests()
+    finally:
+        trainer.close()
+    return {"switches": switches, "checks": [r["check"] for r in records], "final": final,
+            "step_seconds": [r["seconds"] for r in records], "phases": [r["phases"] for r in records],
+            "peak_memory_bytes": [r.get("peak_memory_bytes") for r in records],
+            "wall_seconds": time.perf_counter() - t0}
+
+
+def compare(base: dict, other: dict) -> dict:
+    differing = sorted({f"step{i}.{k}" for i, (a, b) in enumerate(zip(base["checks"], other["checks"]))
+                        for k in a if a[k] != b.get(k)})
+    for part in ("parameters", "optimizer"):
+        differing += [f"final.{part}" for n in base["final"][part]
+                      if base["final"][part][n] != other["final"][part].get(n)][:1]
+    return {"equal": not differing, "differing": differing[:20]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", type=Path, required=True)
+    ap.add_argument("--rl-section", required=True)
+    ap.add_argument("--task-section", required=True)
+    ap.add_argument("--settings-json", default="{}")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--configs", default="each",
+                    help="each (baseline, every switch alone, all, the control) or NAME=a+b,NAME=c,...")
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    rl_cfg = {**load_config_section(a.rl_section)["value"], **json.loads(a.settings_json)}
+    settings = RLSettings.from_dict(rl_cfg)
+    task_spec = load_config_section(a.task_section)["value"]
+    if a.configs == "each":
+        configs = default_configs(settings.device)
+    else:
+        configs = [("baseline", [])] + [(c.split("=")[0], c.split("=")[1].split("+")) for c in a.configs.split(",")]
+    doc = {"settings": rl_cfg, "steps": a.steps, "configs": {}}
+    base = None
+    for name, switches in configs:
+        print(f"switch_check: {name} {switches}", file=sys.stderr, flush=True)
+        try:
+            result = run_config(a.checkpoint, settings, task_spec, switches, a.steps)
+        except Exception as e:  # recorded, so one failing switch does not hide the others' results
+            doc["configs"][name] = {"switches": switches, "error": f"{type(e).__name__}: {e}"}
+            print(f"switch_check: {name} failed: {e}", file=sys.stderr, flush=True)
+            continue
+        if base is None:
+            base = result
+        result["vs_baseline"] = compare(base, result)
+        doc["configs"][name] = result
+        print(f"switch_check: {name}: equal={result['vs_baseline']['equal']} step_s="
+              f"{[round(x, 3) for x in result['step_seconds']]}", file=sys.stderr, flush=True)
+    atomic_write_text(a.out, json.dumps(doc, indent=1, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
