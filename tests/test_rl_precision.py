@@ -1,5 +1,7 @@
 """BF16 compute with FP32 master weights, on a tied-embedding random checkpoint with the dense reward: the
 optimized trainer's CPU switches reproduce the baseline bit for bit, and the checks can fail."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -101,3 +103,25 @@ def test_switch_check_reports_matches_and_the_control(checkpoint, tmp_path):
     assert not doc["configs"]["ctl"]["vs_baseline"]["equal"] and doc["configs"]["ctl"]["vs_baseline"]["differing"]
     assert "fused_elementwise" not in {n for n, _ in default_configs("cpu")}
     assert "fused_elementwise" in {n for n, _ in default_configs("cuda")}
+
+
+def test_batched_train_with_micro_batch_gemms_matches(checkpoint, baseline, monkeypatch):
+    """What a GPU runs (every GEMM in a micro-batch's shape) keeps the baseline's bits too."""
+    from workflow_src.rl import chunked_grad, trainer
+    original = trainer.Trainer.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.chunk_gemms = True
+
+    rows_seen = []
+    linear = chunked_grad.F.linear
+
+    def spy(x, w, b=None):
+        rows_seen.append(x.shape[0])
+        return linear(x, w, b)
+
+    monkeypatch.setattr(trainer.Trainer, "__init__", init)
+    monkeypatch.setattr(chunked_grad, "F", SimpleNamespace(linear=spy, embedding=torch.nn.functional.embedding))
+    assert run(checkpoint, ["batched_train"]) == baseline
+    assert rows_seen and set(rows_seen) == {RL["policy_group_size"]}

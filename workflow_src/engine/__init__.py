@@ -1,8 +1,8 @@
 """Engines: batched generation backends behind one calling convention (prompts in, completions out).
 
 DESIGN §9 names three backends: `hf` (transformers `generate`, the reference; `engine/hf.py`),
-`static` (own static-KV, CUDA-graph engine) and `vllm` (vLLM with in-place weight updates). Only
-`hf` exists so far; asking for another raises EngineNotBuilt instead of silently using hf.
+`static` (own static-KV, CUDA-graph engine; `engine/static.py`) and `vllm` (vLLM with in-place weight
+updates). `vllm` is not built yet; asking for it raises EngineNotBuilt instead of silently using hf.
 The interface and the throughput meter are in `engine/base.py`.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from .base import DEFAULT_PHASE, PHASE_KEYS, Engine, EngineNotBuilt, PhaseStats, ThroughputMeter, merge_throughput
 
 ENGINES = ("hf", "static", "vllm")
-BUILT = ("hf",)
+BUILT = ("hf", "static")
 
 
 def make_engine(name: str, model, tokenizer, batch_size: int, meter: ThroughputMeter | None = None,
@@ -20,6 +20,9 @@ def make_engine(name: str, model, tokenizer, batch_size: int, meter: ThroughputM
     if name == "hf":
         from .hf import HFEngine
         return HFEngine(model, tokenizer, batch_size, meter=meter, progress=progress)
+    if name == "static":
+        from .static import StaticEngine
+        return StaticEngine(model, tokenizer, batch_size, meter=meter, progress=progress)
     if name in ENGINES:
         raise EngineNotBuilt(f"engine {name!r} is not built yet (a later issue); the engines built so far: "
                              f"{list(BUILT)}")

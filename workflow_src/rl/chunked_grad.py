@@ -8,7 +8,9 @@ comparison vouches for on each machine — but would reduce each parameter gradi
 in another order. Inside `chunked_parameter_grads(model, rows)`, every parameterized module of a Qwen2
 model (Linear, Embedding, and the RMSNorm scale) computes its parameter gradients chunk by chunk, with
 the ops autograd uses for one micro-batch, and hands them to `accumulate` in micro-batch order: the same
-additions the baseline does. A parameter used by two modules (tied embeddings) gets, per chunk, the sum
+additions the baseline does. The input gradients of Linear layers are computed per micro-batch as well, and
+with `chunk_gemms` their forward GEMMs too: then every GEMM has a micro-batch's shape, which is what a GPU
+needs (cuBLAS chooses its kernel by the row count). A parameter used by two modules (tied embeddings) gets, per chunk, the sum
 of both modules' chunk gradients first, as autograd sums a tensor's two uses within one backward.
 
 The replicated backward formulas (PyTorch's derivatives for linear / addmm, mul and embedding):
@@ -60,9 +62,11 @@ class _Sink:
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, rows, sink):
+    def forward(ctx, x, weight, bias, rows, sink, chunk_gemms):
         ctx.save_for_backward(x, weight)
         ctx.bias, ctx.rows, ctx.sink = bias, rows, sink
+        if chunk_gemms:  # the micro-batches' own GEMM shapes, so a GPU picks the baseline's kernels
+            return torch.cat([F.linear(x_k, weight, bias) for x_k in _chunks(x, rows)])
         return F.linear(x, weight, bias)
 
     @staticmethod
@@ -76,7 +80,7 @@ class _Linear(torch.autograd.Function):
         ctx.sink.add(weight, [d2.t().mm(x_k.reshape(-1, in_f)) for x_k, d2 in pairs])
         if ctx.bias is not None:
             ctx.sink.add(ctx.bias, [d2.sum_to_size(ctx.bias.shape) for _, d2 in pairs])
-        return dx, None, None, None, None
+        return dx, None, None, None, None, None
 
 
 class _Scale(torch.autograd.Function):
@@ -124,9 +128,12 @@ def _rmsnorm_forward(module, rows, sink):
 
 @contextmanager
 def chunked_parameter_grads(model: torch.nn.Module, rows: int,
-                            accumulate: Callable[[torch.Tensor, torch.Tensor], None] = accumulate_grad):
+                            accumulate: Callable[[torch.Tensor, torch.Tensor], None] = accumulate_grad,
+                            chunk_gemms: bool = False):
     """Within the block, `model`'s forward hands parameter gradients per `rows`-row chunk (dim 0) to
-    `accumulate(param, grad)`, chunk by chunk (default: into `param.grad`, as autograd would)."""
+    `accumulate(param, grad)`, chunk by chunk (default: into `param.grad`, as autograd would).
+    `chunk_gemms`: the forward GEMMs run per chunk too (the backward's always do), for GPUs whose GEMM
+    kernels, and so their roundings, depend on the row count; only the other ops see the whole batch."""
     patched, covered, uses = [], set(), Counter()
     found = []
     for module in model.modules():
@@ -144,7 +151,7 @@ def chunked_parameter_grads(model: torch.nn.Module, rows: int,
     sink = _Sink(uses, accumulate)
     for module in found:
         if isinstance(module, torch.nn.Linear):
-            fwd = (lambda m: lambda x: _Linear.apply(x, m.weight, m.bias, rows, sink))(module)
+            fwd = (lambda m: lambda x: _Linear.apply(x, m.weight, m.bias, rows, sink, chunk_gemms))(module)
         elif isinstance(module, torch.nn.Embedding):
             fwd = (lambda m: lambda ids: _Embedding.apply(ids, m.weight, m.padding_idx, rows, sink))(module)
         else:

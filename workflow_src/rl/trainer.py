@@ -100,6 +100,8 @@ class Trainer:
         if gpu_only and self.device.type != "cuda":
             raise SettingsError(f"switch(es) {gpu_only} need rl.device cuda (their kernels run on a GPU only)")
         self.fused = "fused_elementwise" in switches
+        # cuBLAS picks GEMM kernels by the row count; batched_train keeps micro-batch GEMM shapes there.
+        self.chunk_gemms = self.device.type == "cuda"
 
         self.tok = AutoTokenizer.from_pretrained(checkpoint)
         torch.manual_seed(settings.seed)
@@ -298,22 +300,25 @@ class Trainer:
         }
 
     def _train_batch(self, b: Batch, total: int, loss_sum, kl_sum, ent_num, ent_den) -> None:
-        """`batched_train`: one forward/backward for the batch; the step's sums (updated in place) and the
-        parameter gradients get the baseline's additions, micro-batch by micro-batch."""
-        n = self.s.policy_group_size
-        with chunked_parameter_grads(self.policy, n, accumulate=self.master.accumulate):
-            logp, ent = token_logprobs(self.policy(input_ids=b.ids).logits, b.ids)
-            m = b.mask[:, 1:]
-            old = logp.detach() if "reuse_old_logprobs" in self.sw else torch.cat(b.old_logp)
-            per_seq, kl_seq = grpo_per_sequence(logp, old, b.ref_logp, b.adv, m, self.s.clip_eps, self.s.kl_coef)
+        """`batched_train`: one forward/backward of the model for the batch; the step's sums (updated in place)
+        and the parameter gradients get the baseline's additions, micro-batch by micro-batch."""
+        n, s = self.s.policy_group_size, self.s
+        with chunked_parameter_grads(self.policy, n, accumulate=self.master.accumulate,
+                                     chunk_gemms=self.chunk_gemms):
+            logits = self.policy(input_ids=b.ids).logits
             losses = []
-            for k in range(0, b.ids.shape[0], n):
-                rows = slice(k, k + n)
-                losses.append(per_seq[rows].sum() / total)
+            # What follows the logits runs per micro-batch, as in the baseline: its row reductions (log-softmax,
+            # entropy, per-sequence sums) then have the baseline's shapes on any device.
+            parts = zip(*(torch.split(t, n) for t in (logits, b.ids, b.mask[:, 1:], b.adv, b.ref_logp)))
+            for k, (lg, ids, m, adv, ref) in enumerate(parts):
+                logp, ent = token_logprobs(lg, ids)
+                old = logp.detach() if "reuse_old_logprobs" in self.sw else b.old_logp[k]
+                per_seq, kl_seq = grpo_per_sequence(logp, old, ref, adv, m, s.clip_eps, s.kl_coef)
+                losses.append(per_seq.sum() / total)
                 loss_sum += losses[-1].detach()
-                kl_sum += kl_seq[rows].sum() / total
-                ent_num += (ent[rows].detach() * m[rows]).sum()
-                ent_den += m[rows].sum()
+                kl_sum += kl_seq.sum() / total
+                ent_num += (ent.detach() * m).sum()
+                ent_den += m.sum()
             torch.stack(losses).sum().backward()
 
     def final_digests(self) -> dict[str, dict[str, str]]:

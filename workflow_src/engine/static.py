@@ -1,0 +1,223 @@
+"""`static` engine: greedy decoding over a fixed set of slots with a preallocated KV cache.
+
+Every slot holds one sequence. The engine fills all slots from the prompt queue with one batched prefill
+(prompts right-padded to the longest: attention is causal, so a row's real tokens never see its padding),
+then repeats one decode step over all slots at once: each slot feeds its last token at its own position,
+writes its key/value there and attends to its own keys only (a mask of positions <= the slot's position
+over the cache's whole capacity, so every step has the same shapes). A slot whose sequence ended (a stop
+token or max_new_tokens) is refilled from the queue with a prefill into that slot, so the batch stays full
+until the queue runs dry. On a GPU, the decode step is captured once as a CUDA graph and replayed: its
+inputs (last tokens, positions) live in fixed buffers, and the weights are read where they lie, so
+weights changed in place (RandOpt's perturbations) are seen by the next replay without a new capture.
+
+Deterministic: the schedule (which prompt enters which slot when) is a pure function of the prompts and of
+the tokens generated, greedy selection is an argmax, and every kernel runs in deterministic mode; the same
+prompts and weights give the same tokens on every run. They can differ from `hf`'s in rare near-ties:
+`hf` pads on the left and attends over exact lengths, this engine over a masked fixed capacity, and the
+different kernels round differently (`agreement` in the tests and benchmarks measures how often).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from ..kernels.rmsnorm import add_rms_norm
+from ..model.lean_qwen2 import LeanQwen2, Segment, _rms
+from .base import DEFAULT_PHASE, ThroughputMeter
+from .hf import stop_token_ids
+
+
+class SlotDecoder:
+    """The model over `slots` cache rows of `capacity` positions: batched prefill into chosen slots and one
+    decode step over every slot (optionally as a CUDA graph)."""
+
+    def __init__(self, model: PreTrainedModel, slots: int, capacity: int, graphs: bool):
+        self.lean = LeanQwen2(model, slots, capacity)
+        for k, v in zip(self.lean.k, self.lean.v):  # masked keys still meet the values: no NaN garbage there
+            k.zero_()
+            v.zero_()
+        self.model, self.slots, self.capacity = model, slots, capacity
+        device = model.model.embed_tokens.weight.device
+        self.tokens = torch.zeros(slots, dtype=torch.long, device=device)
+        self.positions = torch.zeros(slots, dtype=torch.long, device=device)
+        self.key_index = torch.arange(capacity, device=device)
+        self.rows = torch.arange(slots, device=device)
+        self.graphs = graphs and device.type == "cuda"
+        self._graph = None
+        self._out = None
+
+    @torch.no_grad()
+    def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
+        """Prefill each prompt into its slot (positions 0..len-1); returns each prompt's next-token logits."""
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, :len(p)] = torch.tensor(p, dtype=torch.long)
+        ids = ids.to(self.tokens.device)
+        h = self.lean.hidden(ids, [Segment(i, s, 1, 0) for i, s in enumerate(slots)])
+        last = torch.tensor([len(p) - 1 for p in prompts], device=ids.device)
+        return F.linear(h[torch.arange(len(prompts), device=ids.device), last], self.model.lm_head.weight)
+
+    def _step(self) -> torch.Tensor:
+        """One token per slot from self.tokens at self.positions; returns the logits [slots, vocab]."""
+        lean, model = self.lean, self.model
+        pos = self.positions
+        h = F.embedding(self.tokens[:, None], model.model.embed_tokens.weight)
+        cos, sin = lean.cos[pos][:, None, None, :], lean.sin[pos][:, None, None, :]
+        visible = (self.key_index[None, :] <= pos[:, None])[:, None, None, :]  # [slots, 1, 1, capacity]
+        for li, layer in enumerate(lean.layers):
+            attn = layer.self_attn
+            residual = h
+            x = _rms(layer.input_layernorm, h)
+            qs = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(self.slots, 1, -1, lean.head_dim).transpose(1, 2)
+            ks = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(self.slots, 1, -1, lean.head_dim).transpose(1, 2)
+            vs = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(self.slots, 1, -1, lean.head_dim).transpose(1, 2)
+            qs, ks = lean.rope(qs, ks, cos, sin)
+            lean.k[li][self.rows, :, pos] = ks[:, :, 0]
+            lean.v[li][self.rows, :, pos] = vs[:, :, 0]
+            o, _ = sdpa_attention_forward(attn, qs, lean.k[li], lean.v[li], visible, dropout=0.0,
+                                          scaling=attn.scaling, is_causal=False)
+            o = o.reshape(self.slots, 1, -1)
+            norm = layer.post_attention_layernorm
+            x, h = add_rms_norm(residual, F.linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight,
+                                norm.variance_epsilon)
+            mlp = layer.mlp
+            h = h + lean.mlp(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+        return F.linear(_rms(model.model.norm, h)[:, 0], model.lm_head.weight)
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits [slots, vocab] of one step: slot i feeds tokens[i] at positions[i]."""
+        self.tokens.copy_(tokens)
+        self.positions.copy_(positions)
+        if not self.graphs:
+            return self._step()
+        if self._graph is None:
+            self._capture()
+        self._graph.replay()
+        return self._out
+
+    def _capture(self) -> None:
+        # Warm-up on a side stream (lazy initializations must not happen during capture), then capture.
+        # The step writes one key/value per slot at that slot's position: the warm-up runs write what the
+        # replay will write again, so they change nothing a later step reads.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._step()
+        torch.cuda.current_stream().wait_stream(stream)
+        self._graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self._graph):
+            self._out = self._step()
+
+
+class StaticEngine:
+    """The `static` backend behind the engine interface (`engine/base.py`): `batch_size` slots."""
+
+    name = "static"
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int,
+                 meter: ThroughputMeter | None = None, progress=None, graphs: bool = True):
+        if batch_size < 1:
+            raise ValueError(f"static engine: batch_size must be >= 1, got {batch_size}")
+        self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        self.meter = meter if meter is not None else ThroughputMeter()
+        self.progress, self.graphs = progress, graphs
+        self.stops = stop_token_ids(model, tokenizer)
+        self._decoder: SlotDecoder | None = None
+
+    def _decoder_for(self, capacity: int) -> SlotDecoder:
+        """The decoder (and its captured graph) is kept while the capacity suffices: weights are read in place."""
+        limit = self.model.config.max_position_embeddings
+        if capacity > limit:
+            raise ValueError(f"static engine: prompt + max_new_tokens needs {capacity} positions; the model has "
+                             f"{limit}")
+        if self._decoder is None or self._decoder.capacity < capacity:
+            self._decoder = SlotDecoder(self.model, self.batch_size, capacity, self.graphs)
+        return self._decoder
+
+    def generate(self, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
+        if max_new_tokens < 1:
+            raise ValueError(f"static engine: max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not prompts:
+            return []
+        encoded = self.tokenizer(list(prompts))["input_ids"]
+        if any(len(p) == 0 for p in encoded):
+            raise ValueError("static engine: a prompt encodes to no tokens")
+        decoder = self._decoder_for(max(len(p) for p in encoded) + max_new_tokens)
+        with contextlib.ExitStack() as stack:
+            if not self.meter.active:
+                stack.enter_context(self.meter.phase(DEFAULT_PHASE))
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                generated = self._run(decoder, encoded, max_new_tokens)
+            finally:
+                self.model.train(was_training)
+        out = []
+        for tokens in generated:
+            cut = next((i for i, t in enumerate(tokens) if t in self.stops), len(tokens))
+            out.append(self.tokenizer.decode(tokens[:cut], skip_special_tokens=True))
+        return out
+
+    def _run(self, decoder: SlotDecoder, encoded: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        queue = deque(range(len(encoded)))
+        generated: list[list[int]] = [[] for _ in encoded]
+        owner: list[int | None] = [None] * decoder.slots  # the prompt each slot decodes
+        tokens = torch.zeros(decoder.slots, dtype=torch.long, device=decoder.tokens.device)
+        positions = torch.zeros_like(tokens)
+        live = torch.zeros_like(tokens)  # 1 where a slot decodes a prompt: only those advance
+
+        def admit(free: list[int]) -> None:
+            taken = [(slot, queue.popleft()) for slot in free if queue]
+            if not taken:
+                return
+            slots, idx = [s for s, _ in taken], [i for _, i in taken]
+            logits = decoder.prefill([encoded[i] for i in idx], slots)
+            for slot, i in taken:
+                owner[slot] = i
+                positions[slot] = len(encoded[i])
+                live[slot] = 1
+                self.meter.count(prompts=1, prompt_tokens=len(encoded[i]))
+            first = logits.argmax(-1)
+            tokens[slots] = first
+            for slot in self._record(first.tolist(), idx, generated, max_new_tokens, owner, slots):
+                live[slot] = 0
+
+        admit(list(range(decoder.slots)))
+        while queue or any(o is not None for o in owner):
+            finished = [s for s, o in enumerate(owner) if o is None]
+            admit(finished)
+            if all(o is None for o in owner):
+                continue  # every admitted sequence ended at its prefill: admit more while the queue lasts
+            logits = decoder.decode(tokens, positions)
+            nxt = logits.argmax(-1)
+            active = [s for s, o in enumerate(owner) if o is not None]
+            tokens.copy_(nxt)
+            positions += live
+            for slot in self._record(nxt[active].tolist(), [owner[s] for s in active], generated, max_new_tokens,
+                                     owner, active):
+                live[slot] = 0
+        return generated
+
+    def _record(self, new: list[int], idx: list[int], generated: list[list[int]], max_new_tokens: int,
+                owner: list[int | None], slots: list[int]) -> list[int]:
+        """Append each slot's new token; free (and return) the slots whose sequence ended."""
+        freed = []
+        for tok, i, slot in zip(new, idx, slots):
+            generated[i].append(tok)
+            if tok in self.stops or len(generated[i]) >= max_new_tokens:
+                owner[slot] = None
+                freed.append(slot)
+                self.meter.count(generated_tokens=len(generated[i]))
+                if self.progress is not None:
+                    self.progress.update(1)
+        return freed
