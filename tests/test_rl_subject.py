@@ -70,7 +70,7 @@ def test_baseline_is_repeatable_and_learns_something(checkpoint, baseline_record
 
 @pytest.mark.parametrize("switch", CPU_SWITCHES)
 def test_each_switch_alone_matches_the_baseline(checkpoint, baseline_records, switch):
-    switches = {switch, "lean_decode"} if switch in ("batched_groups", "shared_prefix") else {switch}
+    switches = {switch, "lean_decode"} if switch in ("batched_groups", "shared_prefix", "graph_decode") else {switch}
     assert checks(run_trainer(checkpoint, switches)) == checks(baseline_records)
 
 
@@ -188,3 +188,49 @@ def test_gpu_only_switches_refuse_the_cpu(checkpoint):
     from workflow_src.rl.trainer import Trainer
     with pytest.raises(SettingsError, match="need rl.device cuda"):
         Trainer(checkpoint, RLSettings.from_dict(RL), TASK, frozenset({"fused_elementwise"}))
+
+
+def test_piecewise_decode_steps_equal_the_lean_forward(checkpoint):
+    """The decode step cut at the attention calls (what graph_decode captures on a GPU) gives the lean
+    forward's bits; on the CPU the pieces run eagerly through the same static buffers."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+    from workflow_src.model.decode_graphs import DecodeGraphs
+    from workflow_src.rl.rollout import Sampling, rollout_lean
+    tok = AutoTokenizer.from_pretrained(checkpoint)
+    model = Qwen2ForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    s = Sampling(max_new_tokens=14, temperature=1.0, eos_ids=(tok.eos_token_id,), pad_id=tok.pad_token_id)
+    groups = [torch.tensor(tok(p)["input_ids"])[None, :].repeat(4, 1) for p in ("3+4=", "12-5=", "7+19=")]
+    want = rollout_lean(model, groups, [1, 2, 3], s, batched=True, shared_prefix=False)
+    got = rollout_lean(model, groups, [1, 2, 3], s, batched=True, shared_prefix=False, graphs=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    # the pieces really run: a stale buffer between them would change the logits
+    from workflow_src.model.lean_qwen2 import LeanQwen2, Segment
+    lean = LeanQwen2(model, 4, 32, graphs=True)
+    ids = groups[0]
+    lean.forward(ids, [Segment(0, 0, 4, 0)])
+    step = torch.full((4, 1), 5)
+    eager = LeanQwen2(model, 4, 32)
+    eager.forward(ids, [Segment(0, 0, 4, 0)])
+    a = lean.forward(step, [Segment(0, 0, 4, ids.shape[1])])
+    b = eager.forward(step, [Segment(0, 0, 4, ids.shape[1])])
+    assert isinstance(lean._decode_graphs[4], DecodeGraphs) and torch.equal(a, b)
+    lean._decode_graphs[4].o[0].fill_(1.0)  # poison: the next step must overwrite it before use
+    a2 = lean.forward(step, [Segment(0, 0, 4, ids.shape[1] + 1)])
+    b2 = eager.forward(step, [Segment(0, 0, 4, ids.shape[1] + 1)])
+    assert torch.equal(a2, b2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_graph_decode_replays_the_eager_bits_on_a_gpu(checkpoint):
+    import torch
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+    from workflow_src.rl.rollout import Sampling, rollout_lean
+    tok = AutoTokenizer.from_pretrained(checkpoint)
+    model = Qwen2ForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).to("cuda")
+    s = Sampling(max_new_tokens=14, temperature=1.0, eos_ids=(tok.eos_token_id,), pad_id=tok.pad_token_id)
+    groups = [torch.tensor(tok(p)["input_ids"], device="cuda")[None, :].repeat(4, 1) for p in ("3+4=", "12-5=")]
+    want = rollout_lean(model, groups, [1, 2], s, batched=True, shared_prefix=False)
+    got = rollout_lean(model, groups, [1, 2], s, batched=True, shared_prefix=False, graphs=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))

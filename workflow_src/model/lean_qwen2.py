@@ -43,9 +43,13 @@ class Segment:
 class LeanQwen2:
     """Inference over a (plain, unsharded) transformers Qwen2ForCausalLM's parameters."""
 
-    def __init__(self, model: torch.nn.Module, batch_rows: int, max_len: int, fused: bool = False):
-        """`fused`: SiLU×up and RoPE through the bit-exact fused Triton kernels (CUDA)."""
+    def __init__(self, model: torch.nn.Module, batch_rows: int, max_len: int, fused: bool = False,
+                 graphs: bool = False):
+        """`fused`: SiLU×up and RoPE through the bit-exact fused Triton kernels (CUDA). `graphs`: one-token
+        steps run as piecewise CUDA graphs around the attention (`decode_graphs.py`; eager pieces on the CPU)."""
         self.model = model
+        self.graphs = graphs
+        self._decode_graphs: dict = {}
         self.rope = apply_rope_fused if fused else apply_rope
         self.mlp = swiglu_mlp_fused if fused else swiglu_mlp
         cfg = model.config
@@ -71,6 +75,12 @@ class LeanQwen2:
         prompt prefilled once for a group gets its logits from a GEMM of the group's row count,
         as the reference (which prefills every row) computes them.
         """
+        if self.graphs and ids.shape[1] == 1 and expand_last == 1:
+            from .decode_graphs import DecodeGraphs
+            rows = ids.shape[0]
+            if rows not in self._decode_graphs:
+                self._decode_graphs[rows] = DecodeGraphs(self, rows)
+            return self._decode_graphs[rows].step(ids, segments)
         h = self.hidden(ids, segments)
         last = h[:, -1:, :]
         if expand_last > 1:
@@ -80,40 +90,56 @@ class LeanQwen2:
     @torch.no_grad()
     def hidden(self, ids: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
         """Final normed hidden states [B, q, hidden] of `ids` (segments cover the rows in order)."""
-        B, q = ids.shape
-        emb = self.model.model.embed_tokens
-        h = F.embedding(ids, emb.weight, emb.padding_idx)
-        start = torch.cat([torch.full((s.rows,), s.start, dtype=torch.long) for s in segments]).to(ids.device)
-        pos = start[:, None] + torch.arange(q, device=ids.device)[None, :]
-        cos = self.cos[pos].unsqueeze(1)
-        sin = self.sin[pos].unsqueeze(1)
-        for li, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            residual = h
-            x = _rms(layer.input_layernorm, h)
-            qs = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
-            ks = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
-            vs = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
-            qs, ks = self.rope(qs, ks, cos, sin)
-            outs = []
-            for seg in segments:
-                b = slice(seg.batch_row0, seg.batch_row0 + seg.rows)
-                c = slice(seg.cache_row0, seg.cache_row0 + seg.rows)
-                end = seg.start + q
-                self.k[li][c, :, seg.start:end] = ks[b]
-                self.v[li][c, :, seg.start:end] = vs[b]
-                o, _ = sdpa_attention_forward(attn, qs[b], self.k[li][c, :, :end], self.v[li][c, :, :end], None,
-                                              dropout=0.0, scaling=attn.scaling)
-                outs.append(o)
-            o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
-            o = o.reshape(B, q, -1).contiguous()
-            norm = layer.post_attention_layernorm
-            x, h = add_rms_norm(residual, F.linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight,
-                                norm.variance_epsilon)
-            residual = h
-            mlp = layer.mlp
-            h = residual + self.mlp(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+        h, cos, sin = self._embed(ids, self._positions(ids, segments))
+        for li in range(len(self.layers)):
+            qs, ks, vs = self._qkv(li, h, cos, sin)
+            h = self._mlp_block(li, h, self._attend(li, qs, ks, vs, segments))
         return _rms(self.model.model.norm, h)
+
+    # The pieces of a forward, in order: embed, then per layer qkv → attend → mlp_block, then the final
+    # norm. Only `_attend` depends on the segments' lengths (it reads and writes the cache); the others
+    # have the same shapes at every decode step, which is what lets decode_graphs capture them.
+    def _positions(self, ids: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
+        start = torch.cat([torch.full((s.rows,), s.start, dtype=torch.long) for s in segments]).to(ids.device)
+        return start[:, None] + torch.arange(ids.shape[1], device=ids.device)[None, :]
+
+    def _embed(self, ids: torch.Tensor, pos: torch.Tensor):
+        emb = self.model.model.embed_tokens
+        return F.embedding(ids, emb.weight, emb.padding_idx), self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+
+    def _qkv(self, li: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        B, q = h.shape[:2]
+        layer = self.layers[li]
+        attn = layer.self_attn
+        x = _rms(layer.input_layernorm, h)
+        qs = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
+        ks = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
+        vs = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
+        qs, ks = self.rope(qs, ks, cos, sin)
+        return qs, ks, vs
+
+    def _attend(self, li: int, qs: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor,
+                segments: list[Segment]) -> torch.Tensor:
+        B, q = qs.shape[0], qs.shape[2]
+        attn = self.layers[li].self_attn
+        outs = []
+        for seg in segments:
+            b = slice(seg.batch_row0, seg.batch_row0 + seg.rows)
+            c = slice(seg.cache_row0, seg.cache_row0 + seg.rows)
+            end = seg.start + q
+            self.k[li][c, :, seg.start:end] = ks[b]
+            self.v[li][c, :, seg.start:end] = vs[b]
+            o, _ = sdpa_attention_forward(attn, qs[b], self.k[li][c, :, :end], self.v[li][c, :, :end], None,
+                                          dropout=0.0, scaling=attn.scaling)
+            outs.append(o)
+        o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+        return o.reshape(B, q, -1).contiguous()
+
+    def _mlp_block(self, li: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        layer = self.layers[li]
+        attn, norm, mlp = layer.self_attn, layer.post_attention_layernorm, layer.mlp
+        x, h = add_rms_norm(h, F.linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight, norm.variance_epsilon)
+        return h + self.mlp(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
 
     def copy_rows(self, src_row: int, dst: slice, length: int) -> None:
         """Broadcast one row's cached keys/values (a shared prompt prefix) to other rows."""

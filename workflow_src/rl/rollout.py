@@ -44,17 +44,18 @@ def _shared_prompt(ids: torch.Tensor) -> bool:
 
 def rollout_lean(model, groups: list[torch.Tensor], seeds: list[int], s: Sampling,
                  batched: bool, shared_prefix: bool, check_every: int | None = None,
-                 fused: bool = False) -> list[torch.Tensor]:
+                 fused: bool = False, graphs: bool = False) -> list[torch.Tensor]:
     """Lean decode; `batched` runs every group's decode steps together, `shared_prefix` prefills
     a group's identical rows once; `check_every`: steps between reading back which groups finished
-    (default 8 on a GPU, 1 on the CPU); `fused`: the lean forward's fused elementwise kernels."""
+    (default 8 on a GPU, 1 on the CPU); `fused`: the lean forward's fused elementwise kernels; `graphs`: decode
+    steps as piecewise CUDA graphs (`model/decode_graphs.py`)."""
     if not batched:
-        return [rollout_lean(model, [g], [sd], s, True, shared_prefix, check_every, fused)[0]
+        return [rollout_lean(model, [g], [sd], s, True, shared_prefix, check_every, fused, graphs)[0]
                 for g, sd in zip(groups, seeds)]
     rows = [g.shape[0] for g in groups]
     row0 = [sum(rows[:i]) for i in range(len(rows))]
     max_len = max(g.shape[1] for g in groups) + s.max_new_tokens
-    lean = LeanQwen2(model, sum(rows), max_len, fused=fused)
+    lean = LeanQwen2(model, sum(rows), max_len, fused=fused, graphs=graphs)
     device = groups[0].device
     eos = torch.tensor(s.eos_ids, device=device)
     # A group's own generator on the rows' device, seeded as `generate`'s global seeding seeds that device's.

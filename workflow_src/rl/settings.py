@@ -18,8 +18,10 @@ SWITCHES: dict[str, str] = {
                      "are still reduced per micro-batch and added in micro-batch order",
     "fused_elementwise": "SiLU×up and RoPE, forward and backward, as single Triton kernels that reproduce eager "
                          "PyTorch's rounding (CUDA only)",
+    "graph_decode": "one-token decode steps as CUDA graphs cut at the attention calls, which stay eager (on the "
+                    "CPU the same pieces run eagerly)",
 }
-REQUIRES = {"batched_groups": "lean_decode", "shared_prefix": "lean_decode"}
+REQUIRES = {"batched_groups": "lean_decode", "shared_prefix": "lean_decode", "graph_decode": "lean_decode"}
 # Switches whose kernels exist only on a GPU (the Triton interpreter on the CPU does not reproduce eager's exp).
 GPU_ONLY = {"fused_elementwise"}
 # Pairs that cannot run together: the control reorders micro-batches, which a batched step has no loop for.

@@ -152,7 +152,7 @@ class Trainer:
         if "lean_decode" in self.sw:
             return rollout_lean(self.rollout_model, groups, seeds, self.sampling,
                                 batched="batched_groups" in self.sw, shared_prefix="shared_prefix" in self.sw,
-                                fused=self.fused)
+                                fused=self.fused, graphs="graph_decode" in self.sw)
         return rollout_generate(self.rollout_model, groups, seeds, self.sampling)
 
     def _completion(self, row: torch.Tensor, prompt_len: int) -> tuple[str, torch.Tensor]:
