@@ -100,3 +100,16 @@ def test_graph_replay_equals_eager_decode(model_and_tokenizer, prompts):
         assert graphed.generate(prompts, 20) == eager  # replayed again, weights read in place
     finally:
         model.to("cpu")
+
+
+def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
+    import json
+    from workflow_src.engine.bench import main
+    out = tmp_path / "bench.json"
+    main(["--tiny", "--shapes", "0.5B", "--prompts", "5", "--prompt-chars", "12", "--new-tokens", "6",
+          "--batch", "4", "--seeds", "2", "--device", "cpu", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    engines = doc["shapes"]["0.5B"]["engines"]
+    assert set(engines) == {"hf", "static"} and engines["hf"]["ratio_to_hf"] == 1.0
+    assert all(0 < e["generated_tokens"] <= 5 * 6 and e["prompts"] == 5 for e in engines.values())
+    assert doc["population"]["seeds"] == 2 and doc["population"]["engines"]["static"]["seeds_per_s"] > 0

@@ -1,0 +1,149 @@
+"""Generation throughput of the engines side by side, and RandOpt population seeds/s, on random weights.
+
+    python -m workflow_src.engine.bench --out bench.json [--shapes 0.5B 1.5B 7B] [--engines hf static]
+        [--prompts 128] [--prompt-chars 200] [--new-tokens 512] [--batch 128] [--seeds 4] [--tiny]
+
+For each architecture shape (workflow_src/model/shapes.py), a model with seeded random bf16 weights is made
+directly on the device (no checkpoint written), with the synthetic task's tokenizer filled to the
+shape's vocabulary; prompts are random strings of the task's characters (one token per character, so
+`--prompt-chars` ≈ prompt tokens). Random weights almost never emit <eos>, so every completion runs to
+`--new-tokens`: the work per engine is fixed and equal. Each engine generates the same prompts once to warm
+up (compilation, graph capture) and once timed; the record has generated tokens/s per engine, the ratio to
+the first engine, and how many completions agree with the first engine's (on random weights greedy picks
+among near-equal logits, so agreement here says little; the CPU tests measure it on a trained model).
+`--seeds N` then times a RandOpt population on the last shape: per seed, the fused weight switch
+(`randopt.perturb.Perturber`) and the generation of all prompts with each engine; seeds/s = N / seconds.
+`--tiny` swaps the shapes for a two-layer stand-in (for the CPU tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import time
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from ..checkpoints.random_init import tensor_seed
+from ..checkpoints.tokenizer import build_tokenizer
+from ..model.shapes import architecture
+from ..tasks import synthetic_arithmetic as task
+from . import ThroughputMeter, make_engine
+
+SHAPES = {"0.5B": "qwen2.5-0.5b", "1.5B": "qwen2.5-1.5b", "7B": "qwen2.5-7b"}
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "vocab_size": 512, "max_position_embeddings": 512}
+ALPHABET_SPEC = {"operators": ["+", "-"]}
+
+
+@torch.no_grad()
+def random_model(shape: str, device: str, tiny: bool, seed: int = 0):
+    arch = architecture(SHAPES[shape], TINY if tiny else None)
+    tok = build_tokenizer(task.alphabet(ALPHABET_SPEC), arch["max_position_embeddings"], vocab_size=arch["vocab_size"])
+    cfg = Qwen2Config(**arch, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(cfg)
+    model = model.to(dtype).to_empty(device=device)
+    model.tie_weights()
+    model.model.rotary_emb = type(model.model.rotary_emb)(cfg).to(device)  # its buffers were left empty
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        elif name.endswith(".bias"):
+            p.zero_()
+        else:
+            g = torch.Generator(device=device).manual_seed(tensor_seed(seed, name))
+            p.copy_(torch.empty(p.shape, dtype=torch.float32, device=device).normal_(0.0, 0.02, generator=g))
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model.eval(), tok
+
+
+def random_prompts(n: int, chars: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    letters = task.alphabet(ALPHABET_SPEC).replace("\n", "")
+    return ["".join(rng.choice(letters) for _ in range(chars)) for _ in range(n)]
+
+
+def timed_generate(engine, prompts, new_tokens, sync) -> dict:
+    meter = engine.meter
+    with meter.phase("timed"):
+        out = engine.generate(prompts, new_tokens)
+    sync()
+    stats = meter.to_dict()["timed"]
+    stats["gen_tokens_per_s"] = stats["generated_tokens"] / stats["seconds"]
+    return {"completions": out, **stats}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", nargs="+", default=["0.5B", "1.5B", "7B"], choices=sorted(SHAPES))
+    ap.add_argument("--engines", nargs="+", default=["hf", "static"])
+    ap.add_argument("--prompts", type=int, default=128)
+    ap.add_argument("--prompt-chars", type=int, default=200)
+    ap.add_argument("--new-tokens", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--seeds", type=int, default=0, help="time a population of this many seeds on the last shape")
+    ap.add_argument("--sigma", type=float, default=1e-3)
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    a = ap.parse_args(argv)
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
+    prompts = random_prompts(a.prompts, a.prompt_chars)
+    doc = {"format": "speedproof.engine-bench/1", "device": a.device, "torch": torch.__version__,
+           "device_name": torch.cuda.get_device_name() if a.device == "cuda" else platform.processor(),
+           "args": vars(a), "shapes": {}}
+    for shape in a.shapes:
+        model, tok = random_model(shape, a.device, a.tiny)
+        row: dict = {"parameters": sum(p.numel() for p in model.parameters()), "engines": {}}
+        first = None
+        for name in a.engines:
+            engine = make_engine(name, model, tok, a.batch, meter=ThroughputMeter(sync=sync))
+            engine.generate(prompts[: a.batch], a.new_tokens)  # warm-up: compilation, graph capture
+            res = timed_generate(engine, prompts, a.new_tokens, sync)
+            completions = res.pop("completions")
+            if first is None:
+                first = (name, completions, res["gen_tokens_per_s"])
+            res["ratio_to_" + first[0]] = res["gen_tokens_per_s"] / first[2]
+            res["agreement_with_" + first[0]] = sum(x == y for x, y in zip(completions, first[1])) / len(prompts)
+            row["engines"][name] = res
+            print(f"{shape:>5} {name:>7}: {res['gen_tokens_per_s']:,.0f} gen-tok/s "
+                  f"({res['ratio_to_' + first[0]]:.2f}x {first[0]})", flush=True)
+        doc["shapes"][shape] = row
+        if a.seeds and shape == a.shapes[-1]:
+            doc["population"] = population(model, tok, a, prompts, sync)
+        del model
+        if a.device == "cuda":
+            torch.cuda.empty_cache()
+    with open(a.out, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+def population(model, tok, a, prompts, sync) -> dict:
+    from ..randopt.noise import population_seeds
+    from ..randopt.perturb import Perturber
+    perturber = Perturber(model)
+    out = {"seeds": a.seeds, "sigma": a.sigma, "prompts": len(prompts), "engines": {}}
+    for name in a.engines:
+        engine = make_engine(name, model, tok, a.batch, meter=ThroughputMeter(sync=sync))
+        sync()
+        t0 = time.perf_counter()
+        for seed in population_seeds(0, a.seeds):
+            perturber.apply(seed, a.sigma)
+            engine.generate(prompts, a.new_tokens)
+        perturber.restore_base()
+        sync()
+        seconds = time.perf_counter() - t0
+        out["engines"][name] = {"seconds": seconds, "seeds_per_s": a.seeds / seconds}
+        print(f"population {name:>7}: {a.seeds / seconds:.3f} seeds/s", flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    main()
