@@ -58,6 +58,17 @@ def ulp_stats(got: torch.Tensor, want: torch.Tensor) -> dict:
             "max_ulp": int(dist.max()) if dist.numel() else 0, "nan_mismatch": int(nan.sum())}
 
 
+def _variants_to_run(variants: list[str], dtype: torch.dtype, deadline: float, out: dict):
+    """The variants to check: bf16-only ones skipped in fp32, the rest recorded as skipped past the deadline."""
+    for name in variants:
+        if dtype == torch.float32 and name in _BF16_ONLY:
+            continue
+        if time.perf_counter() > deadline:
+            out["variants"][name] = {"skipped": "time budget"}
+            continue
+        yield name
+
+
 def timed_ms(fn, device: str, repeats: int, warmup: int | None = None) -> float:
     """Median wall time of fn() in ms: CUDA events on a GPU (3 warm-up calls), perf_counter on a CPU (1)."""
     if warmup is None:
@@ -120,12 +131,7 @@ def check_silu_mul(shape, dname: str, variants: list[str], device: str, repeats:
                                             "d_up": ulp_stats(u.grad, du_r)}),
                                 "variant": swiglu.DEFAULT_SILU_MUL_VARIANT,
                                 "autograd_step_ms": timed_ms(fused_step, device, repeats)}
-    for name in variants:
-        if dtype == torch.float32 and name in _BF16_ONLY:
-            continue
-        if time.perf_counter() > deadline:
-            out["variants"][name] = {"skipped": "time budget"}
-            continue
+    for name in _variants_to_run(variants, dtype, deadline, out):
         t0 = time.perf_counter()
         act = swiglu.silu_mul_forward(gate, up, name)
         dg, du = swiglu.silu_mul_backward(grad, gate, up, name)
@@ -160,12 +166,7 @@ def check_rope(dims, dname: str, variants: list[str], device: str, repeats: int,
     out["autograd_function"] = {**_outputs({n: ulp_stats(x, y) for n, x, y in zip(names, got, want)}),
                                 "variant": rope.DEFAULT_ROPE_VARIANT,
                                 "autograd_step_ms": timed_ms(fused_step, device, repeats)}
-    for name in variants:
-        if dtype == torch.float32 and name in _BF16_ONLY:
-            continue
-        if time.perf_counter() > deadline:
-            out["variants"][name] = {"skipped": "time budget"}
-            continue
+    for name in _variants_to_run(variants, dtype, deadline, out):
         t0 = time.perf_counter()
         got = (rope.rope_forward(q, cos, sin, name), rope.rope_forward(k, cos, sin, name),
                rope.rope_backward(gq, cos, sin, name), rope.rope_backward(gk, cos, sin, name))
