@@ -34,8 +34,8 @@ from ..model.lean_qwen2 import LeanQwen2, Segment
 from ..protocol.digest import scalar_hex, tensor_digest
 from ..tasks import synthetic_arithmetic as task
 from .chunked_grad import chunked_parameter_grads
-from .precision import MasterWeights
 from .loss import group_advantages, grpo_loss, grpo_per_sequence, token_logprobs
+from .precision import MasterWeights
 from .rewards import InProcessRewards
 from .rollout import Sampling, rollout_generate, rollout_lean
 from .seeds import derive_seed
