@@ -47,7 +47,7 @@ def alive(pid: int) -> bool:
     try:  # a zombie (exited, not yet reaped by init) counts as gone
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # it went away between the kill(0) and the read
         return False
 
 
