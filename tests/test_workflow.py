@@ -71,9 +71,10 @@ def test_dry_run_plans_the_spine(workdir):
     assert jobs_planned(smk(workdir, "-n", "--cores", "2")) == SPINE
 
 
-def test_gpu_preset_plans_the_rl_evidence_only(tmp_path):
-    """The H200 preset validates against the schema and its target runs no RandOpt (a plan; no GPU here)."""
-    preset = REPO / "config" / "presets" / "rl-qwen2.5-0.5b-h200.yaml"
+@pytest.mark.parametrize("preset", ["rl-qwen2.5-0.5b-h200.yaml", "rl-qwen2.5-1.5b-h200.yaml"])
+def test_gpu_preset_plans_the_rl_evidence_only(tmp_path, preset):
+    """The H200 presets validate against the schema and their target runs no RandOpt (a plan; no GPU here)."""
+    preset = REPO / "config" / "presets" / preset
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
                            str(tmp_path), "rl_evidence", "--configfile", str(preset), "-n", "--cores", "2"],
                           capture_output=True, text=True, timeout=300)
