@@ -125,3 +125,26 @@ def test_batched_train_with_micro_batch_gemms_matches(checkpoint, baseline, monk
     monkeypatch.setattr(chunked_grad, "F", SimpleNamespace(linear=spy, embedding=torch.nn.functional.embedding))
     assert run(checkpoint, ["batched_train"]) == baseline
     assert rows_seen and set(rows_seen) == {RL["policy_group_size"]}
+
+
+def test_ref_batched_with_micro_batch_gemms_matches(checkpoint, baseline, monkeypatch):
+    """ref_batched as a GPU runs it (every GEMM in a micro-batch's shape, full logits per micro-batch)."""
+    from workflow_src.model import lean_qwen2
+    from workflow_src.rl import trainer
+    original = trainer.Trainer.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.chunk_gemms = True
+
+    rows_seen = []
+    linear = lean_qwen2.F.linear
+
+    def spy(x, w, b=None):
+        rows_seen.append(x.shape[0])
+        return linear(x, w, b)
+
+    monkeypatch.setattr(trainer.Trainer, "__init__", init)
+    monkeypatch.setattr(lean_qwen2, "F", SimpleNamespace(linear=spy, embedding=torch.nn.functional.embedding))
+    assert run(checkpoint, ["ref_batched"]) == baseline
+    assert rows_seen and set(rows_seen) == {RL["policy_group_size"]}

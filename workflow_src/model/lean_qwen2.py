@@ -44,10 +44,13 @@ class LeanQwen2:
     """Inference over a (plain, unsharded) transformers Qwen2ForCausalLM's parameters."""
 
     def __init__(self, model: torch.nn.Module, batch_rows: int, max_len: int, fused: bool = False,
-                 graphs: bool = False):
+                 graphs: bool = False, gemm_rows: int | None = None):
         """`fused`: SiLU×up and RoPE through the bit-exact fused Triton kernels (CUDA). `graphs`: one-token
-        steps run as piecewise CUDA graphs around the attention (`decode_graphs.py`; eager pieces on the CPU)."""
+        steps run as piecewise CUDA graphs around the attention (`decode_graphs.py`; eager pieces on the CPU).
+        `gemm_rows`: the projections and the MLP run per chunk of that many rows, so each GEMM has the shape a
+        micro-batch of that size gives it (a GPU's GEMM kernel, and so its rounding, depends on the row count)."""
         self.model = model
+        self.gemm_rows = gemm_rows
         self.graphs = graphs
         self._decode_graphs: dict = {}
         self.rope = apply_rope_fused if fused else apply_rope
@@ -112,9 +115,9 @@ class LeanQwen2:
         layer = self.layers[li]
         attn = layer.self_attn
         x = _rms(layer.input_layernorm, h)
-        qs = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
-        ks = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
-        vs = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
+        qs = self._linear(x, attn.q_proj.weight, attn.q_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
+        ks = self._linear(x, attn.k_proj.weight, attn.k_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
+        vs = self._linear(x, attn.v_proj.weight, attn.v_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
         qs, ks = self.rope(qs, ks, cos, sin)
         return qs, ks, vs
 
@@ -138,8 +141,17 @@ class LeanQwen2:
     def _mlp_block(self, li: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         layer = self.layers[li]
         attn, norm, mlp = layer.self_attn, layer.post_attention_layernorm, layer.mlp
-        x, h = add_rms_norm(h, F.linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight, norm.variance_epsilon)
-        return h + self.mlp(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+        x, h = add_rms_norm(h, self._linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight,
+                            norm.variance_epsilon)
+        weights = (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+        if self.gemm_rows is None:
+            return h + self.mlp(x, *weights)
+        return h + torch.cat([self.mlp(x_k, *weights) for x_k in torch.split(x, self.gemm_rows)])  # row-wise
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.gemm_rows is None:
+            return F.linear(x, weight, bias)
+        return torch.cat([F.linear(x_k, weight, bias) for x_k in torch.split(x, self.gemm_rows)])
 
     def copy_rows(self, src_row: int, dst: slice, length: int) -> None:
         """Broadcast one row's cached keys/values (a shared prompt prefix) to other rows."""

@@ -100,7 +100,7 @@ class Trainer:
         if gpu_only and self.device.type != "cuda":
             raise SettingsError(f"switch(es) {gpu_only} need rl.device cuda (their kernels run on a GPU only)")
         self.fused = "fused_elementwise" in switches
-        # cuBLAS picks GEMM kernels by the row count; batched_train keeps micro-batch GEMM shapes there.
+        # cuBLAS picks GEMM kernels by the row count: batched_train and ref_batched keep micro-batch GEMM shapes.
         self.chunk_gemms = self.device.type == "cuda"
 
         self.tok = AutoTokenizer.from_pretrained(checkpoint)
@@ -165,6 +165,17 @@ class Trainer:
         return self.tok.decode(gen[:n].tolist(), skip_special_tokens=True), mask
 
     def _ref_logprobs(self, batches: list[Batch]) -> None:
+        if "ref_batched" in self.sw and self.chunk_gemms:
+            # On a GPU: the lean forward over the whole (group, round) with micro-batch GEMM shapes, then the
+            # baseline's own logits and log-softmax per micro-batch (cuBLAS rounds by row count).
+            n = self.s.policy_group_size
+            for b in batches:
+                lean = LeanQwen2(self.ref, b.ids.shape[0], b.ids.shape[1], fused=self.fused, gemm_rows=n)
+                h = lean.hidden(b.ids, [Segment(0, 0, b.ids.shape[0], 0)])
+                parts = [token_logprobs(F.linear(h_k, self.ref.lm_head.weight), ids_k)[0]
+                         for h_k, ids_k in zip(torch.split(h, n), torch.split(b.ids, n))]
+                b.ref_logp = torch.cat(parts) * b.mask[:, 1:]
+            return
         if "ref_batched" in self.sw:
             for b in batches:
                 lean = LeanQwen2(self.ref, b.ids.shape[0], b.ids.shape[1], fused=self.fused)
