@@ -61,7 +61,15 @@ class SlotDecoder:
         for i, p in enumerate(prompts):
             ids[i, :len(p)] = torch.tensor(p, dtype=torch.long)
         ids = ids.to(self.tokens.device)
-        h = self.lean.hidden(ids, [Segment(i, s, 1, 0) for i, s in enumerate(slots)])
+        # Rows bound for consecutive slots share one attention call (all rows have the padded width).
+        segments: list[Segment] = []
+        for i, slot in enumerate(slots):
+            if segments and segments[-1].cache_row0 + segments[-1].rows == slot:
+                last_seg = segments[-1]
+                segments[-1] = Segment(last_seg.batch_row0, last_seg.cache_row0, last_seg.rows + 1, 0)
+            else:
+                segments.append(Segment(i, slot, 1, 0))
+        h = self.lean.hidden(ids, segments)
         last = torch.tensor([len(p) - 1 for p in prompts], device=ids.device)
         return F.linear(h[torch.arange(len(prompts), device=ids.device), last], self.model.lm_head.weight)
 
