@@ -39,8 +39,8 @@ def test_random_checkpoint_is_seeded_and_loads_as_qwen2(tmp_path, tied):
     from transformers import AutoTokenizer, Qwen2ForCausalLM
     a = build_checkpoint("r", "random", spec(tie_word_embeddings=tied), TASK, tmp_path / "a", progress=False)
     b = build_checkpoint("r", "random", spec(tie_word_embeddings=tied), TASK, tmp_path / "b", progress=False)
-    c = build_checkpoint("r", "random", {**spec(tie_word_embeddings=tied), "seed": 1}, TASK, tmp_path / "c",
-                         progress=False)
+    build_checkpoint("r", "random", {**spec(tie_word_embeddings=tied), "seed": 1}, TASK, tmp_path / "c",
+                     progress=False)
     weights = "model.safetensors"
     assert sha(tmp_path / "a" / weights) == sha(tmp_path / "b" / weights) != sha(tmp_path / "c" / weights)
     assert a["source"] == "random" and a["files_sha256"] == b["files_sha256"]

@@ -105,32 +105,14 @@ def test_switch_check_reports_matches_and_the_control(checkpoint, tmp_path):
     assert "fused_elementwise" in {n for n, _ in default_configs("cuda")}
 
 
-def test_batched_train_with_micro_batch_gemms_matches(checkpoint, baseline, monkeypatch):
-    """What a GPU runs (every GEMM in a micro-batch's shape) keeps the baseline's bits too."""
-    from workflow_src.rl import chunked_grad, trainer
-    original = trainer.Trainer.__init__
-
-    def init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        self.chunk_gemms = True
-
-    rows_seen = []
-    linear = chunked_grad.F.linear
-
-    def spy(x, w, b=None):
-        rows_seen.append(x.shape[0])
-        return linear(x, w, b)
-
-    monkeypatch.setattr(trainer.Trainer, "__init__", init)
-    monkeypatch.setattr(chunked_grad, "F", SimpleNamespace(linear=spy, embedding=torch.nn.functional.embedding))
-    assert run(checkpoint, ["batched_train"]) == baseline
-    assert rows_seen and set(rows_seen) == {RL["policy_group_size"]}
-
-
-def test_ref_batched_with_micro_batch_gemms_matches(checkpoint, baseline, monkeypatch):
-    """ref_batched as a GPU runs it (every GEMM in a micro-batch's shape, full logits per micro-batch)."""
-    from workflow_src.model import lean_qwen2
+@pytest.mark.parametrize("switch, module", [("batched_train", "workflow_src.rl.chunked_grad"),
+                                            ("ref_batched", "workflow_src.model.lean_qwen2")])
+def test_micro_batch_gemms_match(checkpoint, baseline, monkeypatch, switch, module):
+    """What a GPU runs keeps the baseline's bits too: every GEMM of batched_train (through chunked_grad) and of
+    ref_batched (through the lean forward, then full logits per micro-batch) in a micro-batch's shape."""
+    import importlib
     from workflow_src.rl import trainer
+    mod = importlib.import_module(module)
     original = trainer.Trainer.__init__
 
     def init(self, *args, **kwargs):
@@ -138,13 +120,13 @@ def test_ref_batched_with_micro_batch_gemms_matches(checkpoint, baseline, monkey
         self.chunk_gemms = True
 
     rows_seen = []
-    linear = lean_qwen2.F.linear
+    linear = mod.F.linear
 
     def spy(x, w, b=None):
         rows_seen.append(x.shape[0])
         return linear(x, w, b)
 
     monkeypatch.setattr(trainer.Trainer, "__init__", init)
-    monkeypatch.setattr(lean_qwen2, "F", SimpleNamespace(linear=spy, embedding=torch.nn.functional.embedding))
-    assert run(checkpoint, ["ref_batched"]) == baseline
+    monkeypatch.setattr(mod, "F", SimpleNamespace(linear=spy, embedding=torch.nn.functional.embedding))
+    assert run(checkpoint, [switch]) == baseline
     assert rows_seen and set(rows_seen) == {RL["policy_group_size"]}

@@ -1,7 +1,6 @@
 """The built-in RL subject: each switch alone reproduces the baseline's step records bit for bit,
 the CLI honours the subject contract, and it runs on 1 and 2 ranks (FSDP2 over gloo)."""
 import json
-import shutil
 import subprocess
 import sys
 
