@@ -105,6 +105,35 @@ def test_switch_check_reports_matches_and_the_control(checkpoint, tmp_path):
     assert "fused_elementwise" in {n for n, _ in default_configs("cuda")}
 
 
+def test_switch_check_candidates_write_the_chosen_set(checkpoint, tmp_path):
+    import json
+    from conftest import write_section
+    from workflow_src.rl.switch_check import main
+    rl = write_section(tmp_path / "rl.json", "rl", {**RL, "switches": ["lean_decode"]})
+    task = write_section(tmp_path / "task.json", "task.synthetic_arithmetic", TASK)
+    out, overlay = tmp_path / "check.json", tmp_path / "switches.json"
+    main(["--checkpoint", str(checkpoint), "--rl-section", str(rl), "--task-section", str(task), "--steps", "1",
+          "--candidates", "batched_groups", "--overlay", str(overlay), "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert sorted(doc["configs"]) == ["base", "base+batched_groups", "base+control_reduction_order", "baseline"]
+    assert not doc["configs"]["base+control_reduction_order"]["vs_baseline"]["equal"]
+    assert json.loads(overlay.read_text()) == {"rl": {"switches": ["batched_groups", "lean_decode"]}}
+
+
+def test_chosen_switches_take_only_what_matched():
+    from workflow_src.rl.switch_check import chosen_switches
+
+    def doc(**equal):
+        return {"configs": {name.replace("_plus_", "+"): {"vs_baseline": {"equal": e}} for name, e in equal.items()}}
+
+    base, cands = ["a"], ["b", "c"]
+    assert chosen_switches(doc(base=True, base_plus_all=True), base, cands)[0] == ["a", "b", "c"]
+    assert chosen_switches(doc(base=True, base_plus_all=False, base_plus_b=True, base_plus_c=False),
+                           base, cands)[0] == ["a", "b"]
+    assert chosen_switches(doc(base=True, base_plus_b=False), base, cands)[0] == ["a"]
+    assert chosen_switches(doc(base=False, base_plus_all=True), base, cands)[0] == []  # a failing base: nothing
+
+
 @pytest.mark.parametrize("switch, module", [("batched_train", "workflow_src.rl.chunked_grad"),
                                             ("ref_batched", "workflow_src.model.lean_qwen2")])
 def test_micro_batch_gemms_match(checkpoint, baseline, monkeypatch, switch, module):

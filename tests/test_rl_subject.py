@@ -233,3 +233,31 @@ def test_graph_decode_replays_the_eager_bits_on_a_gpu(checkpoint):
     want = rollout_lean(model, groups, [1, 2], s, batched=True, shared_prefix=False)
     got = rollout_lean(model, groups, [1, 2], s, batched=True, shared_prefix=False, graphs=True)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_graph_capture_survives_collections_of_old_graphs_on_a_gpu(checkpoint):
+    """Old decode graphs left in reference cycles, and a collector that runs at nearly every allocation,
+    must not break the next capture (on an H200 a capture failed now and then before `safe_capture`)."""
+    import gc
+    import torch
+    from transformers import Qwen2ForCausalLM
+    from workflow_src.model.lean_qwen2 import LeanQwen2, Segment
+    model = Qwen2ForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).to("cuda")
+    ids = torch.full((4, 5), 7, device="cuda")
+    step = torch.full((4, 1), 5, device="cuda")
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    try:
+        for _ in range(3):
+            lean = LeanQwen2(model, 4, 32, graphs=True)  # the last one's graphs are garbage in a cycle now
+            lean.forward(ids, [Segment(0, 0, 4, 0)])
+            got = lean.forward(step, [Segment(0, 0, 4, 5)])
+        eager = LeanQwen2(model, 4, 32)
+        eager.forward(ids, [Segment(0, 0, 4, 0)])
+        assert torch.equal(got, eager.forward(step, [Segment(0, 0, 4, 5)]))
+        lean.release_graphs()
+        assert not lean._decode_graphs
+    finally:
+        gc.set_threshold(*thresholds)

@@ -29,6 +29,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..kernels.rmsnorm import add_rms_norm
+from ..model.graph_capture import safe_capture
 from ..model.lean_qwen2 import LeanQwen2, Segment, _rms
 from .base import DEFAULT_PHASE, ThroughputMeter
 from .hf import stop_token_ids
@@ -123,7 +124,7 @@ class SlotDecoder:
                 self._step()
         torch.cuda.current_stream().wait_stream(stream)
         self._graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self._graph):
+        with safe_capture(self._graph):
             self._out = self._step()
 
 

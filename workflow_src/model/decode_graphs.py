@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from .graph_capture import safe_capture
 from .lean_qwen2 import LeanQwen2, Segment, _rms
 
 
@@ -75,9 +76,13 @@ class DecodeGraphs:
         self.graphs = []
         for i, piece in enumerate(self.pieces):
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
+            with safe_capture(g, pool=pool):
                 self.out[i] = piece()  # later pieces read these tensors: kept alive, never reused by the pool
             self.graphs.append(g)
+
+    def release(self) -> None:
+        """Drop the graphs and buffers now (the pieces' closures hold `self` in a reference cycle)."""
+        self.graphs, self.out, self.pieces, self.o = None, [], [], []
 
     def _run(self, i: int) -> None:
         if self.graphs is not None:

@@ -90,6 +90,12 @@ class LeanQwen2:
             last = last.repeat_interleave(expand_last, dim=0)
         return F.linear(last, self.model.lm_head.weight)
 
+    def release_graphs(self) -> None:
+        """Destroy the decode graphs now, at a point of our choosing (see `graph_capture.py`)."""
+        for graphs in self._decode_graphs.values():
+            graphs.release()
+        self._decode_graphs.clear()
+
     @torch.no_grad()
     def hidden(self, ids: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
         """Final normed hidden states [B, q, hidden] of `ids` (segments cover the rows in order)."""

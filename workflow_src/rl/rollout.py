@@ -111,4 +111,5 @@ def rollout_lean(model, groups: list[torch.Tensor], seeds: list[int], s: Samplin
             length[i] += 1
         out = lean.forward(ids, segs)
         logits = list(torch.split(out, [rows[i] for i in active]))
+    lean.release_graphs()
     return [torch.cat([g, torch.stack(t, 1)], 1) for g, t in zip(groups, tokens)]

@@ -2,13 +2,18 @@
 
     python -m workflow_src.rl.switch_check --checkpoint DIR --rl-section results/config/rl.json \\
         --task-section results/config/task.synthetic_arithmetic.json [--settings-json '{...}'] \\
-        [--steps 2] [--configs all|each|NAME+NAME,...] --out check.json
+        [--steps 2] [--configs each|NAME=a+b,...] [--candidates a,b --overlay switches.json] --out check.json
 
 Runs the baseline, then each switch alone (with the switches it needs), then all of them, each for
 --steps deterministic in-process steps, and compares every step's check items and the final parameter
 and optimizer digests with the baseline's. A GEMM whose bits depend on its row count (cuBLAS picks
 kernels by shape) shows up here as the switch that batches rows failing, before a 14-step comparison
 is spent on it. The control (reversed reduction order) runs too and must differ.
+
+With --candidates, it instead runs the baseline, the rl section's switches (the base set), the base set
+plus each candidate, the base set plus all candidates and the control on the base set; --overlay then
+writes a config file (JSON, for a second --configfile) whose rl.switches is the largest set that kept the
+bits: base + all candidates when that run matched, else base + the candidates that matched alone.
 """
 
 from __future__ import annotations
@@ -32,6 +37,32 @@ def default_configs(device: str) -> list[tuple[str, list[str]]]:
     configs.append(("all", sorted(names)))
     configs += [(name, [name]) for name in CONTROLS]
     return configs
+
+
+def candidate_configs(base: list[str], candidates: list[str]) -> list[tuple[str, list[str]]]:
+    configs = [("baseline", []), ("base", sorted(base))]
+    configs += [(f"base+{c}", sorted({*base, c})) for c in candidates]
+    if len(candidates) > 1:
+        configs.append(("base+all", sorted({*base, *candidates})))
+    configs += [(f"base+{name}", sorted({*base, name})) for name in CONTROLS]
+    return configs
+
+
+def chosen_switches(doc: dict, base: list[str], candidates: list[str]) -> tuple[list[str], str]:
+    """The largest switch set the check supports, and why (the base set must itself have matched)."""
+    def matched(name: str) -> bool:
+        entry = doc["configs"].get(name, {})
+        return bool(entry.get("vs_baseline", {}).get("equal"))
+
+    if not matched("base"):
+        return [], "the base set did not keep the bits: no switch is chosen"
+    if len(candidates) > 1 and matched("base+all"):
+        return sorted({*base, *candidates}), "base + all candidates matched together"
+    passing = [c for c in candidates if matched(f"base+{c}")]
+    if len(passing) == 1 or not passing:
+        return sorted({*base, *passing}), f"base + {passing or 'no candidate'} (each checked with the base set)"
+    return sorted({*base, *passing}), (f"base + {passing}: each matched alone with the base set, their "
+                                       "combination was not checked (the 14-step comparison will tell)")
 
 
 def run_config(checkpoint: Path, settings: RLSettings, task_spec: dict, switches: list[str], steps: int) -> dict:
@@ -67,12 +98,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--configs", default="each",
                     help="each (baseline, every switch alone, all, the control) or NAME=a+b,NAME=c,...")
+    ap.add_argument("--candidates", default="",
+                    help="comma-separated switches to try on top of the rl section's switches (see above)")
+    ap.add_argument("--overlay", type=Path, help="with --candidates: write the chosen rl.switches here (JSON)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
+    if a.overlay and not a.candidates:
+        ap.error("--overlay needs --candidates")
     rl_cfg = {**load_config_section(a.rl_section)["value"], **json.loads(a.settings_json)}
     settings = RLSettings.from_dict(rl_cfg)
     task_spec = load_config_section(a.task_section)["value"]
-    if a.configs == "each":
+    candidates = [c for c in a.candidates.split(",") if c]
+    base_switches = sorted(parse_switches(rl_cfg.get("switches")))
+    parse_switches(sorted({*base_switches, *candidates}))  # unknown names fail before any run
+    if candidates:
+        configs = candidate_configs(base_switches, candidates)
+    elif a.configs == "each":
         configs = default_configs(settings.device)
     else:
         configs = [("baseline", [])] + [(c.split("=")[0], c.split("=")[1].split("+")) for c in a.configs.split(",")]
@@ -92,6 +133,12 @@ def main(argv: list[str] | None = None) -> None:
         doc["configs"][name] = result
         print(f"switch_check: {name}: equal={result['vs_baseline']['equal']} step_s="
               f"{[round(x, 3) for x in result['step_seconds']]}", file=sys.stderr, flush=True)
+    if candidates:
+        chosen, why = chosen_switches(doc, base_switches, candidates)
+        doc["chosen"] = {"switches": chosen, "why": why}
+        print(f"switch_check: chosen {chosen}: {why}", file=sys.stderr, flush=True)
+        if a.overlay:
+            atomic_write_text(a.overlay, json.dumps({"rl": {"switches": chosen}}, indent=1) + "\n")
     atomic_write_text(a.out, json.dumps(doc, indent=1, sort_keys=True))
 
 
