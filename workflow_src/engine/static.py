@@ -26,7 +26,6 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..kernels.rmsnorm import add_rms_norm
 from ..model.graph_capture import safe_capture
@@ -91,8 +90,11 @@ class SlotDecoder:
             qs, ks = lean.rope(qs, ks, cos, sin)
             lean.k[li][self.rows, :, pos] = ks[:, :, 0]
             lean.v[li][self.rows, :, pos] = vs[:, :, 0]
-            o, _ = sdpa_attention_forward(attn, qs, lean.k[li], lean.v[li], visible, dropout=0.0,
-                                          scaling=attn.scaling, is_causal=False)
+            # The query heads that share a KV head attend as that head's query rows, so the cache is read
+            # as it lies: with a mask, transformers' SDPA path would first copy every KV head
+            # `heads / kv_heads` times over the whole capacity (repeat_kv), at 7B the bulk of a step.
+            q = qs.reshape(self.slots, lean.k[li].shape[1], -1, lean.head_dim)
+            o = F.scaled_dot_product_attention(q, lean.k[li], lean.v[li], attn_mask=visible, scale=attn.scaling)
             o = o.reshape(self.slots, 1, -1)
             norm = layer.post_attention_layernorm
             x, h = add_rms_norm(residual, F.linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight,
