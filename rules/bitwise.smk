@@ -19,6 +19,7 @@ rule deterministic_run:
     threads: workflow.cores
     resources:
         gpu=1,
+        nodes=lambda w: config["rl"]["nnodes"],
     conda:
         "../envs/speedproof.yaml"
     shell:

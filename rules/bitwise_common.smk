@@ -19,9 +19,7 @@ def bitwise_candidates():
 def bitwise_command(wildcards, input):
     run = bitwise_runs()[wildcards.run]
     impl = run.get("impl", "optimized")
-    launcher = "python"
-    if config["rl"]["nproc"] > 1:
-        launcher = f"torchrun --standalone --nproc_per_node {config['rl']['nproc']}"
+    launcher = rl_launcher()
     record = f"results/bitwise/{wildcards.exp}/{wildcards.run}.staging/reward_service.json"
     parts = [reward_serve_prefix(reward_service_name(), record), launcher, "-m", "workflow_src.rl", "--impl", impl, "--checkpoint", input.checkpoint,
              "--rl-section", input.rl, "--task-section", input.task, "--reward-section", input.reward, "--steps", str(bitwise_config()["steps"]),

@@ -23,6 +23,18 @@ def section_file(dotted):
     return f"results/config/{dotted}.json"
 
 
+def rl_world():
+    return config["rl"]["nproc"] * config["rl"]["nnodes"]
+
+
+def rl_launcher():
+    """What runs `-m workflow_src.rl ...`: python for one rank, else the ranks CLI (torchrun per node)."""
+    if rl_world() == 1:
+        return "python"
+    return (f"python -m workflow_src.protocol.ranks --nnodes {config['rl']['nnodes']}"
+            f" --nproc-per-node {config['rl']['nproc']} --")
+
+
 def checkpoint_inputs(wildcards):
     """The synthetic source also reads the task it pretrains on, random its tokenizer's alphabet; hf and local
     read neither."""

@@ -17,6 +17,7 @@ rule speedup_launch:
     threads: workflow.cores
     resources:
         gpu=1,
+        nodes=speedup_launch_nodes,
     conda:
         "../envs/speedproof.yaml"
     shell:

@@ -37,6 +37,11 @@ def speedup_switches(exp, launch):
     return list(comp.get("switches", []))
 
 
+def speedup_launch_nodes(wildcards):
+    """SLURM nodes of one launch: rl.nnodes for the RL subject (an external subject runs on one)."""
+    return config["rl"]["nnodes"] if speedup_comparison(wildcards.exp).get("subject", "rl") == "rl" else 1
+
+
 def speedup_command(exp, launch):
     """The subject's shell command for one launch. Its output directory is $SPEEDPROOF_OUT, the staging
     directory the launch CLI creates (and publishes as results/speedup/{exp}/{launch} when it passes)."""
@@ -55,11 +60,8 @@ def speedup_command(exp, launch):
         return f"{command}{tail}"
     if subject == "rl":
         settings = json.dumps(comp.get(f"{side}_settings", {}), sort_keys=True)
-        rl_launcher = "python"
-        if config["rl"]["nproc"] > 1:
-            rl_launcher = f"torchrun --standalone --nproc_per_node {config['rl']['nproc']}"
         serve = reward_serve_prefix(reward_service_name(exp, side), '"$SPEEDPROOF_OUT/reward_service.json"')
-        return (f"{serve} {rl_launcher} -m workflow_src.rl --impl {side} --checkpoint results/checkpoints/{MODEL}"
+        return (f"{serve} {rl_launcher()} -m workflow_src.rl --impl {side} --checkpoint results/checkpoints/{MODEL}"
                 f" --rl-section {section_file('rl')} --task-section {section_file('task.synthetic_arithmetic')}"
                 f" --reward-section {section_file('reward')}"
                 f" --deterministic --settings-json {shlex.quote(settings)}{tail}")
@@ -98,7 +100,7 @@ def speedup_launch_flags(wildcards, input):
     if SPEEDUP_AFTER[wildcards.launch] is not None:
         flags += ["--after", f"{input.after}/meta.json"]
     if speedup_uses_checkpoint(wildcards.exp):
-        flags += ["--checkpoint-manifest", f"{input.checkpoint}/MANIFEST.json", "--ranks", str(config["rl"]["nproc"])]
+        flags += ["--checkpoint-manifest", f"{input.checkpoint}/MANIFEST.json", "--ranks", str(rl_world())]
     switches = speedup_switches(wildcards.exp, wildcards.launch)
     if switches:
         flags += ["--switches", *switches]

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -38,7 +39,8 @@ def serve_cmd(sections, record, *command, service="tuned", python=None):
 PROBE = ("import json, os, requests; u = os.environ['SPEEDPROOF_REWARD_URL']; "
          "r = requests.post(u + '/score', json={'id': 'x', 'task': 'synthetic_arithmetic', "
          "'completions': ['#### 3'], 'answers': ['3']}, timeout=5); "
-         "print(json.dumps({'url': u, 'doc': r.json()})); raise SystemExit(int(os.environ.get('EXIT', '0')))")
+         "print(json.dumps({'url': u, 'doc': r.json(), 'serve': json.loads(os.environ['SPEEDPROOF_REWARD_SERVE'])})); "
+         "raise SystemExit(int(os.environ.get('EXIT', '0')))")
 
 
 def test_serve_runs_the_command_beside_a_service_and_stops_it(sections, tmp_path):
@@ -49,6 +51,9 @@ def test_serve_runs_the_command_beside_a_service_and_stops_it(sections, tmp_path
     probe = json.loads(out.stdout)
     assert probe["url"].startswith("http://127.0.0.1:")
     assert probe["doc"]["rewards"] == [1.0] and probe["doc"]["strict"] == [1.0] and probe["doc"]["format"] == [1.0]
+    # how another node starts an equal service (workflow_src/protocol/ranks.py)
+    assert probe["serve"] == {"reward_section": str(Path(sections["reward"]).resolve()), "service": "tuned",
+                              "python": None, "python_from": None, "record": str(record.resolve())}
     rec = json.loads(record.read_text())
     assert rec["service"] == "tuned" and rec["settings"]["workers"] == 2 and rec["command_exit_code"] == 0
     assert rec["gunicorn"] and rec["url"] == probe["url"]

@@ -26,6 +26,19 @@ from ..provenance.stamp import load_config_section
 from .service import RewardService, RewardServiceStartError
 
 URL_VARIABLE = "SPEEDPROOF_REWARD_URL"
+# How to start an equal service: the service binds loopback, so ranks on another node of a multi-node
+# launch cannot reach it and start their own from this (workflow_src/protocol/ranks.py).
+SERVE_VARIABLE = "SPEEDPROOF_REWARD_SERVE"
+
+
+def serve_options(spec: dict, record: str | None) -> list[str]:
+    """This CLI's options for the service `spec` (SERVE_VARIABLE's JSON) writing its record to `record`."""
+    options = ["--reward-section", spec["reward_section"], "--service", spec["service"]]
+    if spec.get("python"):
+        options += ["--python", spec["python"]]
+    elif spec.get("python_from"):
+        options += ["--python-from", spec["python_from"]]
+    return options + (["--record", record] if record else [])
 
 
 class _Stop(Exception):
@@ -91,7 +104,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"reward serve: service {a.service!r} ({settings['workers']} workers × {settings['threads']} "
               f"threads) at {svc.url}", file=sys.stderr, flush=True)
-        child = subprocess.Popen(command, env={**os.environ, URL_VARIABLE: svc.url})
+        spec = {"reward_section": str(Path(a.reward_section).resolve()), "service": a.service, "python": a.python,
+                "python_from": str(Path(a.python_from).resolve()) if a.python_from else None,
+                "record": str(Path(a.record).resolve()) if a.record else None}
+        child = subprocess.Popen(command, env={**os.environ, URL_VARIABLE: svc.url, SERVE_VARIABLE: json.dumps(spec)})
         rc = child.wait()
         return rc
     except _Stop as stop:

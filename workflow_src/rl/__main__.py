@@ -50,7 +50,7 @@ def make_rewards(url: str | None, reward_section: str | None, overlap: bool, tas
 def run_identity(rl_cfg: dict, task_spec: dict, manifest: str | None) -> dict:
     """What decides the numbers of a run, apart from the switches: runs compare only when it agrees."""
     from ..provenance.hashing import sha256_file, sha256_json
-    settings = {k: v for k, v in rl_cfg.items() if k not in ("switches", "nproc")}
+    settings = {k: v for k, v in rl_cfg.items() if k not in ("switches", "nproc", "nnodes")}
     return {"config_sha256": sha256_json(settings), "task_sha256": sha256_json(task_spec),
             "checkpoint_manifest_sha256": sha256_file(manifest) if manifest else None,
             "seed": rl_cfg.get("seed", 0)}

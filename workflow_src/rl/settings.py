@@ -69,7 +69,7 @@ class RLSettings:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RLSettings":
         names = {f.name for f in fields(cls)}
-        unknown = set(d) - names - {"switches", "nproc"}
+        unknown = set(d) - names - {"switches", "nproc", "nnodes"}
         if unknown:
             raise SettingsError(f"rl: unknown settings {sorted(unknown)}")
         s = cls(**{k: v for k, v in d.items() if k in names})
