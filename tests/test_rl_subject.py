@@ -84,8 +84,9 @@ def test_all_switches_match_and_a_changed_seed_does_not(checkpoint, baseline_rec
     assert other[0]["check"]["tokens"] != baseline_records[0]["check"]["tokens"]
 
 
-def run_cli(checkpoint, tmp_path, impl, nproc, steps=2, switches=None, records=False, name=None, nnodes=1):
-    rl = write_section(tmp_path / "rl.json", "rl", {**RL, "nproc": nproc, "nnodes": nnodes})
+def run_cli(checkpoint, tmp_path, impl, nproc, steps=2, switches=None, records=False, name=None, nnodes=1,
+            precision="fp32"):
+    rl = write_section(tmp_path / "rl.json", "rl", {**RL, "nproc": nproc, "nnodes": nnodes, "precision": precision})
     task = write_section(tmp_path / "task.json", "task.synthetic_arithmetic", TASK)
     out = tmp_path / (name or f"{impl}{nproc}x{nnodes}")
     launcher = [sys.executable, "-m", "workflow_src.rl"]
@@ -105,12 +106,13 @@ def run_cli(checkpoint, tmp_path, impl, nproc, steps=2, switches=None, records=F
     return [json.loads(l) for l in (out / "steps.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("world", [1, 2])
-def test_cli_contract_on_ranks(checkpoint, tmp_path, world):
+@pytest.mark.parametrize("world, precision", [(1, "fp32"), (2, "fp32"), (2, "bf16")])
+def test_cli_contract_on_ranks(checkpoint, tmp_path, world, precision):
     """World 2: the baseline on one node with 2 ranks, the optimized trainer on 2 (simulated) nodes of one
-    rank each; the static rendezvous lays the ranks out alike, so every rank's values still match."""
-    base = run_cli(checkpoint, tmp_path, "baseline", world)
-    opt = run_cli(checkpoint, tmp_path, "optimized", 1, nnodes=world)
+    rank each; the static rendezvous lays the ranks out alike, so every rank's values still match. In bf16
+    the ranks shard with FSDP2's mixed-precision policy (bf16 compute, fp32 reduction and masters)."""
+    base = run_cli(checkpoint, tmp_path, "baseline", world, precision=precision)
+    opt = run_cli(checkpoint, tmp_path, "optimized", 1, nnodes=world, precision=precision)
     assert [(r["step"], r["rank"]) for r in base] == [(s, r) for s in range(2) for r in range(world)]
     assert [(r["step"], r["rank"]) for r in opt] == [(s, r) for s in range(2) for r in range(world)]
     for r in base:
