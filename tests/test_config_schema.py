@@ -114,3 +114,16 @@ def test_randopt_schema_defaults_are_the_module_defaults():
     section = {}
     fill(Draft202012Validator)(schema["properties"]["randopt"]).validate(section)
     assert section == DEFAULTS
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in (REPO / "config" / "presets").glob("*.yaml")))
+def test_preset_switch_sets_are_valid_combinations(preset):
+    """Every switch set a preset runs parses (needs, conflicts): on the GPU a control that combined
+    batched_train with control_reduction_order failed only after the 14-step baseline had run."""
+    from workflow_src.rl.settings import parse_switches
+    cfg = yaml.safe_load((REPO / "config" / "presets" / preset).read_text())
+    rl_switches = cfg["rl"]["switches"]
+    parse_switches(rl_switches)
+    for name, run in cfg.get("bitwise", {}).get("runs", {}).items():
+        if run.get("impl") == "optimized":
+            parse_switches(run.get("switches", rl_switches))
