@@ -388,6 +388,9 @@ def test_cli_end_to_end(checkpoint, tmp_path, capsys):
     assert base["task"] == "synthetic_arithmetic" and base["train"]["prompts"] == 8 and base["test"]["prompts"] == 6
     assert base["test"]["correct"] == round(base["test"]["accuracy"] * 6)
     assert set(base["throughput"]) >= {"base_train", "base_test"} and "provenance" in base
+    import importlib.util
+    assert base["model_info"]["attention"] == {"backend": "sdpa",  # recorded, never assumed
+                                               "flash_attn_importable": importlib.util.find_spec("flash_attn") is not None}
     assert base["throughput"]["base_train"]["prompts"] == 8 and base["throughput"]["base_train"]["generated_tokens"] > 0
     bt = pd.read_parquet(tmp_path / "base_test.parquet")
     assert list(bt.columns) == ["index", "problem_id", "extracted", "correct"] and bt["correct"].dtype == np.int8

@@ -96,7 +96,9 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     prompts = random_prompts(a.prompts, a.prompt_chars)
+    from .attention import attention_backend
     doc = {"format": "speedproof.engine-bench/1", "device": a.device, "torch": torch.__version__,
+           "attention": attention_backend(),
            "device_name": torch.cuda.get_device_name() if a.device == "cuda" else platform.processor(),
            "args": vars(a), "shapes": {}}
     for shape in a.shapes:

@@ -155,10 +155,12 @@ class Runtime:
 
     def model_info(self) -> dict[str, Any]:
         import torch
+        from ..engine.attention import attention_backend
         info = {"name": self.cfg.model_name(), "device": self.device,
                 "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
                 "parameters": sum(p.numel() for p in self.model.parameters()),
-                "engine": self.cfg.settings.engine, "threads": torch.get_num_threads()}
+                "engine": self.cfg.settings.engine, "attention": attention_backend(),
+                "threads": torch.get_num_threads()}
         if self.perturber is not None:
             info["perturbed"] = self.perturber.describe()
         return info
