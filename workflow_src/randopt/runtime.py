@@ -183,11 +183,20 @@ def load_runtime(cfg: Config, engine: bool = True, perturber: bool = True, progr
         model = model.to(device).eval().requires_grad_(False)
         rt = Runtime(cfg, model, tokenizer, device, meter)
         if engine:
-            rt.engine = make_engine(s.engine, model, tokenizer, s.batch_size, meter=meter, progress=progress)
+            vllm_options = {}
+            if s.engine == "vllm":  # vLLM loads the checkpoint itself, in the model's dtype, beside the model
+                vllm_options = {"checkpoint": cfg.checkpoint, "device": device, "seed": s.seed,
+                                "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+                                "memory_fraction": s.vllm_memory_fraction}
+            rt.engine = make_engine(s.engine, model, tokenizer, s.batch_size, meter=meter, progress=progress,
+                                    **vllm_options)
         if perturber:
             from .perturb import Perturber
             p = s.perturb
             rt.perturber = Perturber(model, p["include"], p["exclude"], p["backend"])
+            if rt.engine is not None and s.engine == "vllm":
+                from ..engine.vllm_engine import PairedPerturber
+                rt.perturber = PairedPerturber(rt.perturber, rt.engine.perturber(p["include"], p["exclude"]))
     return rt
 
 

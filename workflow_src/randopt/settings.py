@@ -25,7 +25,8 @@ DEFAULTS: dict[str, Any] = {
     "test_prompts": None,           # first n test problems (None: the whole test split)
     "max_new_tokens": 32,
     "batch_size": 64,               # prompts per generate call batch
-    "engine": "hf",                 # hf | static | vllm (only hf is built)
+    "engine": "hf",                 # hf | static | vllm (vllm: in its own environment, `make vllm-env`)
+    "vllm_memory_fraction": None,   # vllm: share of GPU (on the CPU: host) memory it takes; null: 0.5 / 0.1
     "device": "auto",               # auto | cpu | cuda
     "dtype": "auto",                # auto (as stored) | float32 | bfloat16 | float16
     "threads": 2,                   # torch CPU threads
@@ -102,6 +103,9 @@ class RandOptSettings:
             raise SettingsError(f"randopt.k_ratios: {s['k_ratios']!r}; must be a list of numbers in (0, 1]")
         if not s["ks"] and not s["k_ratios"]:
             raise SettingsError("randopt: ks and k_ratios are both empty; the K sweep needs at least one K")
+        frac = s["vllm_memory_fraction"]
+        if frac is not None and (isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1):
+            raise SettingsError(f"randopt.vllm_memory_fraction: {frac!r}; must be a number in (0, 1] or null")
         pert = s["perturb"]
         for key in ("include", "exclude"):
             if not isinstance(pert[key], list) or any(not isinstance(x, str) for x in pert[key]):
