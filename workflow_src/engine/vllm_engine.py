@@ -22,6 +22,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..randopt.perturb import LaidOut, _names_hash
 from .base import DEFAULT_PHASE, EngineNotBuilt, ThroughputMeter
 
 WORKER_EXTENSION = "workflow_src.engine.vllm_worker.PerturbationExtension"
@@ -76,7 +77,7 @@ class VLLMEngine:
         return WorkerPerturber(self.llm, list(include), list(exclude))
 
 
-class WorkerPerturber:
+class WorkerPerturber(LaidOut):
     """`randopt.perturb.Perturber`'s interface (apply, restore_base, describe) over the workers."""
 
     def __init__(self, llm, include: list[str], exclude: list[str]):
@@ -87,14 +88,6 @@ class WorkerPerturber:
         self.layout = [tuple(entry) for entry in answer["layout"]]
         self.current: tuple[int, float] | None = None
 
-    @property
-    def names(self) -> list[str]:
-        return [name for name, _, _ in self.layout]
-
-    @property
-    def numel(self) -> int:
-        return sum(n for _, _, n in self.layout)
-
     def apply(self, seed: int, sigma: float) -> None:
         self.llm.collective_rpc("speedproof_perturb", args=(int(seed), float(sigma)))
         self.current = (int(seed), float(sigma))
@@ -104,7 +97,6 @@ class WorkerPerturber:
         self.current = None
 
     def describe(self) -> dict:
-        from ..randopt.perturb import _names_hash
         return {"backend": "vllm-worker-reference", "parameters": len(self.layout), "elements": self.numel,
                 "names_sha256": _names_hash(self.layout)}
 

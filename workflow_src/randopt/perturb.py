@@ -61,7 +61,21 @@ def select_parameters(model: torch.nn.Module, include: Sequence[str] = ("*",),
     return out
 
 
-class Perturber:
+class LaidOut:
+    """What a perturber's noise layout (name, offset, numel) says of it."""
+
+    layout: list[tuple[str, int, int]]
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _, _ in self.layout]
+
+    @property
+    def numel(self) -> int:
+        return sum(n for _, _, n in self.layout)
+
+
+class Perturber(LaidOut):
     """Owns the resident base copy of the perturbed parameters and rewrites them in place."""
 
     def __init__(self, model: torch.nn.Module, include: Sequence[str] = ("*",), exclude: Sequence[str] = (),
@@ -86,14 +100,6 @@ class Perturber:
         self.backend = backend
         self.current: tuple[int, float] | None = None  # (seed, sigma) now in the weights; None: the base
         self._graph = None  # the captured switch (CUDA, triton backend), made on first use
-
-    @property
-    def names(self) -> list[str]:
-        return [name for name, _, _ in self.layout]
-
-    @property
-    def numel(self) -> int:
-        return sum(n for _, _, n in self.layout)
 
     @torch.no_grad()
     def apply(self, seed: int, sigma: float) -> None:
