@@ -88,3 +88,12 @@ def test_nodes_past_the_first_start_their_own_reward_service():
                              "/r/reward_environment.json", "--record", "/out/reward_service.node1.json"]
     assert second[cut + 1:cut + 4] == ranks.TORCHRUN and "--node-rank=1" in second
     assert plan(SUBJECT, 2, 1, True, {})[1][:3] == ranks.TORCHRUN  # no service, nothing to start
+
+
+def test_a_failing_node_stops_the_others():
+    import time
+    t0 = time.monotonic()
+    code = ranks.run([[sys.executable, "-c", "import sys; sys.exit(3)"],
+                      [sys.executable, "-c", "import time; time.sleep(60)"]], poll_s=0.05)
+    assert code == 3 and time.monotonic() - t0 < 30
+    assert ranks.run([[sys.executable, "-c", "pass"], [sys.executable, "-c", "pass"]], poll_s=0.05) == 0

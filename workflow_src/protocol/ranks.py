@@ -28,6 +28,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 SERVE_VARIABLE = "SPEEDPROOF_REWARD_SERVE"  # set by workflow_src.reward.serve (not imported: no gunicorn needed)
@@ -111,12 +112,27 @@ def plan(subject: list[str], nnodes: int, nproc: int, local_nodes: bool, env: di
              *per_node]]
 
 
-def run(commands: list[list[str]]) -> int:
+def run(commands: list[list[str]], poll_s: float = 0.2) -> int:
+    """Run the commands side by side; when one fails, the others are stopped (they would wait at the
+    rendezvous for a node that is gone) and its status is returned."""
     if len(commands) == 1:
         return subprocess.call(commands[0])
     procs = [subprocess.Popen(c) for c in commands]
-    codes = [p.wait() for p in procs]
-    return next((c for c in codes if c != 0), 0)
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [c for c in codes if c not in (None, 0)]
+            if failed:
+                return failed[0]
+            if all(c == 0 for c in codes):
+                return 0
+            time.sleep(poll_s)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            p.wait()
 
 
 def main(argv: list[str] | None = None) -> None:
