@@ -1,7 +1,10 @@
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import pytest
@@ -42,3 +45,109 @@ def make_tiny_checkpoint(directory: Path) -> Path:
     (directory / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 8}))
     (directory / "tokenizer.json").write_text(json.dumps({"version": "1.0"}))
     return directory
+
+
+@pytest.fixture(scope="session")
+def rl_subject_checkpoint(tmp_path_factory) -> Path:
+    """test_rl_subject's CKPT pretrained on its TASK, built once per session (byte-identical rebuilds are
+    tests/test_synthetic_checkpoint.py's concern). test_rl_subject, test_reward_wiring and test_static_engine
+    only read it."""
+    from test_rl_subject import CKPT, TASK
+    from workflow_src.checkpoints.synthetic import build
+    out = tmp_path_factory.mktemp("rl_subject_ckpt")
+    build(CKPT, TASK, out, progress=False)
+    return out
+
+
+# --- the tiny workflow of tests/test_workflow.py, run once per session -----------------------------------------
+
+ENVIRONMENT_CHANGE = {"on_pin_mismatch": "warn", "pins": {"torch": ">=2"}}
+
+
+class TinyWorkflow:
+    """test_workflow.TINY run by snakemake, once per session, on one background thread (one run at a time).
+
+    full(): a Future of a directory holding a completed run of every target. tests/test_workflow.py checks
+    it, tests/test_slurm.py compares its SLURM run with it. config_changed(): a Future of (directory, dry-run
+    process) for a copy of that run whose config.yaml has the environment section set to ENVIRONMENT_CHANGE:
+    the dry run's plan, taken before snakemake reran what reads the section. Nothing writes into full()
+    after it is done (the copy is taken before it resolves); a test that writes takes copy_of(full).
+
+    The runs start when a test first asks for them, or earlier with prefetch(): tests/test_slurm.py calls it
+    before its SLURM run, which mostly waits on polling, so the local runs take the idle CPU meanwhile.
+    A failed run raises, with snakemake's output, in every test that asks for it."""
+
+    def __init__(self, root: Path, want_config_change: bool):
+        self.root = root
+        self.want_config_change = want_config_change
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tiny-workflow")
+        self._full = self._changed = None
+        self._lock = threading.Lock()
+
+    def _run_full(self) -> Path:
+        import yaml
+        from test_workflow import TINY, smk
+        wd = self.root / "full"
+        wd.mkdir()
+        (wd / "config.yaml").write_text(yaml.safe_dump(TINY))
+        smk(wd, "--cores", "2")
+        # Copies preserve mtimes (copy2), so snakemake sees the copy as up to date too.
+        shutil.copytree(wd, self.root / "changed", symlinks=True)
+        return wd
+
+    def _run_changed(self):
+        import yaml
+        from test_workflow import smk
+        self._full.result()
+        wd = self.root / "changed"
+        cfg = yaml.safe_load((wd / "config.yaml").read_text())
+        cfg["environment"] = ENVIRONMENT_CHANGE
+        (wd / "config.yaml").write_text(yaml.safe_dump(cfg))
+        plan = smk(wd, "-n", "--cores", "2")
+        smk(wd, "--cores", "2")
+        return wd, plan
+
+    def full(self) -> Future:
+        with self._lock:
+            if self._full is None:
+                self._full = self._pool.submit(self._run_full)
+            return self._full
+
+    def config_changed(self) -> Future:
+        self.full()
+        with self._lock:
+            if self._changed is None:
+                self._changed = self._pool.submit(self._run_changed)
+            return self._changed
+
+    def prefetch(self):
+        """Start the runs that this session's tests will ask for."""
+        self.full()
+        if self.want_config_change:
+            self.config_changed()
+
+    def settle(self):
+        """Wait for every started run (its failure is left for the tests that ask for it)."""
+        wait([f for f in (self._full, self._changed) if f is not None])
+
+    def copy_of(self, tmp_path: Path) -> Path:
+        dest = tmp_path / "wf"
+        shutil.copytree(self.full().result(), dest, symlinks=True)
+        return dest
+
+    def close(self):
+        self._pool.shutdown(wait=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_workflow(request, tmp_path_factory):
+    want = any("tiny_config_changed" in getattr(item, "fixturenames", ()) for item in request.session.items)
+    runs = TinyWorkflow(tmp_path_factory.mktemp("tiny_workflow"), want_config_change=want)
+    yield runs
+    runs.close()
+
+
+@pytest.fixture
+def tiny_config_changed(tiny_workflow):
+    """(directory, dry-run process) of TinyWorkflow.config_changed()."""
+    return tiny_workflow.config_changed().result()

@@ -462,12 +462,13 @@ def test_sharded_population_equals_one_job(checkpoint, tmp_path):
 def test_static_engine_population_agrees_with_hf(checkpoint, tmp_path):
     """The same population through both engines: every seed's train answers graded alike (greedy on the CPU)."""
     t = write_section(tmp_path / "task.json", "task.synthetic_arithmetic", TASK)
-    runs = {}
+    runs, cmds = {}, []
     for engine in ("hf", "static"):
         r = write_section(tmp_path / f"randopt_{engine}.json", "randopt", {**RANDOPT, "engine": engine})
         runs[engine] = tmp_path / f"{engine}.parquet"
-        _run_all([_cli("population", "--shard", 0, "--shards", 1, "--checkpoint", checkpoint, "--randopt-section", r,
-                       "--task-section", t, "--no-progress", "--out", runs[engine])])
+        cmds.append(_cli("population", "--shard", 0, "--shards", 1, "--checkpoint", checkpoint, "--randopt-section", r,
+                         "--task-section", t, "--no-progress", "--out", runs[engine]))
+    _run_all(cmds)  # both engines at once
     hf, static = (pd.read_parquet(runs[e]) for e in ("hf", "static"))
     assert hf["train_correct"].tolist() == static["train_correct"].tolist()
     assert hf["generated_tokens"].tolist() == static["generated_tokens"].tolist()

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -131,12 +132,15 @@ def step_items(path):
 
 @pytest.mark.parametrize("impl", ["baseline", "optimized"])
 def test_service_rewards_match_in_process_bit_for_bit(checkpoint, sections, tmp_path, impl):  # noqa: F811
-    local = tmp_path / "local"
-    run_module(*rl_args(checkpoint, sections, local, impl)[1:], env={"SPEEDPROOF_REWARD_URL": ""})
-    served = tmp_path / "served"
-    out = subprocess.run(serve_cmd(sections, tmp_path / "svc.json", sys.executable,
-                                   *rl_args(checkpoint, sections, served, impl)),
-                         env=ENV, capture_output=True, text=True, timeout=600)
+    local, served = tmp_path / "local", tmp_path / "served"
+    with ThreadPoolExecutor(2) as pool:  # the two runs at once
+        local_run = pool.submit(run_module, *rl_args(checkpoint, sections, local, impl)[1:],
+                                env={"SPEEDPROOF_REWARD_URL": ""})
+        served_run = pool.submit(subprocess.run, serve_cmd(sections, tmp_path / "svc.json", sys.executable,
+                                                           *rl_args(checkpoint, sections, served, impl)),
+                                 env=ENV, capture_output=True, text=True, timeout=600)
+        local_run.result()
+        out = served_run.result()
     assert out.returncode == 0, out.stderr
     lines = [json.loads(x) for x in (served / "steps.jsonl").read_text().splitlines()]
     assert {x["rewards"] for x in lines} == {"service"}

@@ -23,11 +23,9 @@ RL = {"seed": 1, "prompts_per_step": 2, "group_size": 4, "policy_group_size": 2,
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    from workflow_src.checkpoints.synthetic import build
-    out = tmp_path_factory.mktemp("ckpt")
-    build(CKPT, TASK, out, progress=False)
-    return out
+def checkpoint(rl_subject_checkpoint):
+    """CKPT on TASK (conftest.rl_subject_checkpoint: built once per session, read-only)."""
+    return rl_subject_checkpoint
 
 
 def run_trainer(checkpoint, switches, steps=2):

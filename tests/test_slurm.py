@@ -3,8 +3,9 @@
 The test writes its own slurm.conf, munge key and state directories under a temporary directory, starts
 munged + slurmctld + slurmd on loopback ports, submits the tiny workflow of tests/test_workflow.py with
 `--profile` derived from profiles/slurm (same rules, same GPU requests and exclusive timed launches; only
-cpus/memory scaled to this node, and gpu_model mapped to the node's one fake GPU), and checks that the
-deterministic artifacts equal those of a local run. Every daemon it started is stopped, also on failure.
+cpus/memory scaled to this node, and gpu_model mapped to the node's one fake GPU; the snakemake that
+submits checks job status at a steady STATUS_CHECK_S), and checks that the deterministic artifacts equal
+those of the session's local run (conftest.TinyWorkflow). Every daemon it started is stopped, also on failure.
 
 Needs root and Debian's slurm-wlm + munge (.ci/run installs them); skipped otherwise.
 """
@@ -17,7 +18,6 @@ import socket
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -167,6 +167,17 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             raise AssertionError(f"{' '.join(cmd)}: {proc.stdout}{proc.stderr}\n{self.logs()}")
         return proc
 
+    def wait_for_job(self, job_id: str, timeout: float) -> tuple[str, str]:
+        """(JobState, ExitCode) of a job once it has ended (MinJobAge keeps its record)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            fields = dict(f.split("=", 1) for f in self.slurm("scontrol", "-o", "show", "job", job_id).stdout.split()
+                          if "=" in f)
+            if fields["JobState"] not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+                return fields["JobState"], fields["ExitCode"]
+            assert time.monotonic() < deadline, f"job {job_id} still {fields['JobState']}\n{self.logs()}"
+            time.sleep(0.2)
+
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted((self.root / "log").glob("*")))
 
@@ -219,9 +230,11 @@ def cluster(tmp_path_factory):
 
 def test_cluster_runs_a_batch_job(cluster, tmp_path):
     out = tmp_path / "hostname.txt"
-    job = cluster.slurm("sbatch", "--parsable", "--wait", "-o", str(out), f"--gpus={FAKE_GPU}:1", "--wrap",
+    job = cluster.slurm("sbatch", "--parsable", "-o", str(out), f"--gpus={FAKE_GPU}:1", "--wrap",
                         "hostname; echo gpus=$CUDA_VISIBLE_DEVICES", timeout=60)
     assert job.stdout.strip().isdigit()
+    # What `sbatch --wait` waits for (it exits with the job's exit code), polled more often than its 2 s + 8 s.
+    assert cluster.wait_for_job(job.stdout.strip(), timeout=60) == ("COMPLETED", "0:0")
     assert out.read_text().split() == [cluster.node, "gpus=0"]
 
 
@@ -246,8 +259,25 @@ def _test_profile(cluster: Cluster, directory: Path) -> Path:
     return directory
 
 
+# The executor plugin checks its jobs' status init-seconds after a check that saw a job end, and 10 s later
+# after each check that saw none (1, 11, 21, 31 s ... with init 1, up to 180 s): a job of 10 s here was
+# noticed 12 s, one of 15 s 33 s after its submission, most of this test's time. The snakemake that drives
+# the SLURM run here checks every STATUS_CHECK_S instead; what it submits, how the jobs run and what they
+# write are the plugin's own.
+STATUS_CHECK_S = 2
+_SNAKEMAKE_STEADY_CHECKS = f"""
+import sys
+from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
+from snakemake_executor_plugin_slurm import Executor
+assert isinstance(RemoteExecutor.__dict__["next_seconds_between_status_checks"], property)
+Executor.next_seconds_between_status_checks = property(lambda self: {STATUS_CHECK_S}, lambda self, value: None)
+from snakemake.cli import main
+main()
+"""
+
+
 def _snakemake(workdir: Path, *args: str, env: dict | None = None, timeout: int = 600):
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
+    cmd = [sys.executable, "-c", _SNAKEMAKE_STEADY_CHECKS, "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
            "--configfile", str(workdir / "config.yaml"), *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
@@ -266,24 +296,27 @@ def _bitwise_records(res: Path) -> dict[str, bytes]:
     return {str(p.relative_to(res)): p.read_bytes() for p in sorted((res / "bitwise").rglob("rank*.jsonl"))}
 
 
-def test_slurm_run_matches_local_run(cluster, tmp_path):
+def test_slurm_run_matches_local_run(cluster, tiny_workflow, tmp_path):
     import pandas as pd
 
-    local, remote = tmp_path / "local", tmp_path / "slurm"
-    for d in (local, remote):
-        d.mkdir()
-        (d / "config.yaml").write_text(yaml.safe_dump(TINY))
+    remote = tmp_path / "slurm"
+    remote.mkdir()
+    (remote / "config.yaml").write_text(yaml.safe_dump(TINY))
     profile = _test_profile(cluster, tmp_path / "profile")
 
-    # The local run goes alongside (the SLURM run mostly waits on polling); only timings feel it.
-    # A subset of the workflow keeps the test within CI's budget: the timed launches of one comparison, the
-    # deterministic runs with their comparison, and the population shards (checkpoint and config included).
+    # The local run is the session's run of TINY (conftest.TinyWorkflow, `snakemake --cores 2`, every
+    # target), which tests/test_workflow.py checks too. It goes alongside (the SLURM run mostly waits on
+    # polling), with the config-change rerun test_workflow asks for; only timings feel it.
+    # A subset of the workflow keeps the SLURM run within CI's budget: the timed launches of one comparison,
+    # the deterministic runs with their comparison, and the population shards (checkpoint and config included).
+    tiny_workflow.prefetch()
     targets = ["results/speedup/full/speedup.json", "results/bitwise/wftest/comparison.json",
                "results/randopt/wftest/population.parquet"]
-    with ThreadPoolExecutor(1) as pool:
-        local_run = pool.submit(_snakemake, local, "--cores", "2", *targets)
+    try:
         out = _snakemake(remote, "--profile", str(profile), *targets, env=cluster.env, timeout=SLURM_RUN_TIMEOUT_S)
-        local_run.result()
+        local = tiny_workflow.full().result()
+    finally:  # the local runs are left to no later test's time
+        tiny_workflow.settle()
     assert "Nothing to be done" in _snakemake(remote, "--profile", str(profile), "-n", *targets, env=cluster.env)
 
     # Jobs really went through sbatch: the plugin keeps one SLURM log per job (keep-successful-logs).

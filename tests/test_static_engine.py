@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from test_rl_subject import CKPT, TASK
+from test_rl_subject import TASK
 from workflow_src.engine import ThroughputMeter, make_engine
 from workflow_src.engine.hf import HFEngine
 from workflow_src.engine.static import StaticEngine
@@ -13,11 +13,10 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 @pytest.fixture(scope="module")
-def model_and_tokenizer(tmp_path_factory):
+def model_and_tokenizer(rl_subject_checkpoint):
+    """test_rl_subject's CKPT on TASK (conftest.rl_subject_checkpoint, built once per session)."""
     from transformers import AutoTokenizer, Qwen2ForCausalLM
-    from workflow_src.checkpoints.synthetic import build
-    out = tmp_path_factory.mktemp("ckpt")
-    build(CKPT, TASK, out, progress=False)
+    out = rl_subject_checkpoint
     return Qwen2ForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
 
 

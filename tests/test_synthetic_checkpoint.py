@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -138,12 +139,11 @@ def test_checkpoint_rule_cli_gives_identical_manifests(tmp_path):
     from conftest import run_module, write_section
     spec = write_section(tmp_path / "s.json", "checkpoint.synthetic", SPEC)
     task_sec = write_section(tmp_path / "t.json", "task.synthetic_arithmetic", TASK)
-    outs = []
-    for i in range(2):
-        out = tmp_path / f"run{i}" / "tiny"
-        run_module("workflow_src.checkpoints", "--name", "tiny", "--source", "synthetic", "--source-section",
-                   str(spec), "--task-section", str(task_sec), "--out", str(out), "--no-progress")
-        outs.append(out)
+    outs = [tmp_path / f"run{i}" / "tiny" for i in range(2)]
+    with ThreadPoolExecutor(2) as pool:  # the two builds at once
+        list(pool.map(lambda out: run_module("workflow_src.checkpoints", "--name", "tiny", "--source", "synthetic",
+                                             "--source-section", str(spec), "--task-section", str(task_sec),
+                                             "--out", str(out), "--no-progress"), outs))
     assert (outs[0] / "MANIFEST.json").read_bytes() == (outs[1] / "MANIFEST.json").read_bytes()
     doc = json.loads((outs[0] / "MANIFEST.json").read_text())
     assert doc["source"] == "synthetic" and doc["source_spec"]["synthetic"] == SPEC

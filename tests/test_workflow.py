@@ -60,15 +60,9 @@ def jobs_planned(proc) -> dict[str, int]:
     return counts
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    wd = tmp_path_factory.mktemp("wf")
-    (wd / "config.yaml").write_text(yaml.safe_dump(TINY))
-    return wd
-
-
-def test_dry_run_plans_the_spine(workdir):
-    assert jobs_planned(smk(workdir, "-n", "--cores", "2")) == SPINE
+def test_dry_run_plans_the_spine(tmp_path):
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(TINY))
+    assert jobs_planned(smk(tmp_path, "-n", "--cores", "2")) == SPINE
 
 
 @pytest.mark.parametrize("preset", ["rl-qwen2.5-0.5b-h200.yaml", "rl-qwen2.5-1.5b-h200.yaml"])
@@ -86,8 +80,11 @@ def test_gpu_preset_plans_the_rl_evidence_only(tmp_path, preset):
     assert "--source random" in proc.stdout and "--scale real --device cuda" in proc.stdout
 
 
-def test_full_run_then_nothing_to_do(workdir):
-    smk(workdir, "--cores", "2")
+# The full run, the config change and the report share one snakemake run of TINY per session
+# (conftest.TinyWorkflow): tests/test_slurm.py compares its SLURM run with the same run.
+
+def test_full_run_then_nothing_to_do(tiny_workflow):
+    workdir = tiny_workflow.full().result()  # snakemake --cores 2 on TINY, every target
     res = workdir / "results"
     env = json.loads((res / "env/environment.json").read_text())
     assert env["format"] == "speedproof.environment/1" and len(env["env_hash"]) == 64
@@ -129,24 +126,27 @@ def test_full_run_then_nothing_to_do(workdir):
     assert "Nothing to be done" in again.stdout + again.stderr
 
 
-def test_forcerun_reruns_rule_and_dependents_only(workdir):
+def test_forcerun_reruns_rule_and_dependents_only(tiny_workflow):
+    workdir = tiny_workflow.full().result()
     proc = smk(workdir, "-n", "--cores", "2", "--forcerun", "pretraining_curve")
     assert jobs_planned(proc) == {"pretraining_curve": 1, "experiment_manifest": 1, "all": 1}
 
 
-def test_config_change_reruns_only_what_reads_it(workdir):
-    cfg = yaml.safe_load((workdir / "config.yaml").read_text())
-    cfg["environment"] = {"on_pin_mismatch": "warn", "pins": {"torch": ">=2"}}
-    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
-    plan = jobs_planned(smk(workdir, "-n", "--cores", "2"))
+def test_config_change_reruns_only_what_reads_it(tiny_config_changed):
+    # A copy of the full run, config.yaml's environment section set to conftest.ENVIRONMENT_CHANGE, dry-run
+    # (that plan is checked here), then run with --cores 2.
+    workdir, dry_run = tiny_config_changed
+    assert yaml.safe_load((workdir / "config.yaml").read_text())["environment"] == \
+        {"on_pin_mismatch": "warn", "pins": {"torch": ">=2"}}
+    plan = jobs_planned(dry_run)
     # The environment hash feeds the launches' provenance, so they rerun too; the checkpoint does not.
     assert "checkpoint" not in plan and "deterministic_run" not in plan
     assert plan["config_section"] == 1 and plan["environment"] == 1 and plan["experiment_manifest"] == 1
-    smk(workdir, "--cores", "2")
     assert json.loads((workdir / "results/env/environment.json").read_text())["pins_ok"] is True
 
 
-def test_report_builds_with_the_plot(workdir):
+def test_report_builds_with_the_plot(tiny_workflow, tmp_path):
+    workdir = tiny_workflow.copy_of(tmp_path)
     smk(workdir, "--report", "results/report.html")
     html = (workdir / "results/report.html").read_text()
     assert "tiny-test.png" in html and "summary.html" in html
