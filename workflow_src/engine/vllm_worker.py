@@ -18,7 +18,6 @@ into the parameters alone would not reach the kernels. Only the torch reference 
 
 from __future__ import annotations
 
-import fnmatch
 import json
 from pathlib import Path
 
@@ -41,9 +40,8 @@ def checkpoint_tensors(directory: str | Path, dtype: torch.dtype) -> dict[str, t
 
 def select_names(names, include, exclude) -> list[str]:
     """`Perturber`'s rule on names: matches an include pattern and no exclude pattern."""
-    def hit(name, patterns):
-        return any(fnmatch.fnmatchcase(name, p) for p in patterns)
-    return sorted(n for n in names if hit(n, include) and not hit(n, exclude))
+    from ..randopt.perturb import _matches
+    return sorted(n for n in names if _matches([n], include) and not _matches([n], exclude))
 
 
 class PerturbationExtension:
