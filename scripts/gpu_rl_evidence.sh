@@ -7,18 +7,25 @@
 #   scripts/gpu_rl_evidence.sh bitwise # the 14-step comparisons of the optimized run and the control, with
 #                                      # switches.json when it exists; the deterministic runs share the GPU (~3 min)
 #   scripts/gpu_rl_evidence.sh paired  # the paired launches A -> opt -> B (one at a time) and the table (~6 min)
+#   scripts/gpu_rl_evidence.sh launch-A # paired's first launch alone: `launch-A` at the end of one call and
+#                                      # `paired` at the start of the next split it where one 10-minute window
+#                                      # does not hold all three launches (2 ranks: A ~3.5 min, B ~4 min)
 # Several stages may be named in one call (`check bitwise`). Stages share results/ and $OUT_DIR: run them on
 # one machine, in this order. Environment: PRESET (default the 0.5B H200 preset), OUT_DIR (default
-# results/gpu_evidence), CANDIDATES (switches to try on top of the preset's). On a host without Snakemake,
+# results/gpu_evidence), CANDIDATES (switches to try on top of the preset's), NPROC (ranks per launch, one
+# GPU each, FSDP2 over NCCL: the preset runs as experiment <name>-nproc<N>, without its single-rank switches;
+# default the preset's rl.nproc). `check` runs one rank whatever NPROC says. On a host without Snakemake,
 # carry the wheels of scripts/device_wheels.sh in .whl/; they are installed into /tmp/site first.
 set -euo pipefail
-[ $# -gt 0 ] || { echo "usage: $0 check|bitwise|paired [...]" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: $0 check|bitwise|paired|launch-A [...]" >&2; exit 2; }
 for stage in "$@"; do
-  case "$stage" in check|bitwise|paired) ;; *) echo "unknown stage $stage (check, bitwise or paired)" >&2; exit 2 ;; esac
+  case "$stage" in check|bitwise|paired|launch-A) ;;
+    *) echo "unknown stage $stage (check, bitwise, paired or launch-A)" >&2; exit 2 ;; esac
 done
 preset=${PRESET:-config/presets/rl-qwen2.5-0.5b-h200.yaml}
 out=${OUT_DIR:-results/gpu_evidence}
 candidates=${CANDIDATES:-}
+nproc=${NPROC:-}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import snakemake" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -27,9 +34,26 @@ fi
 export PYTHONUNBUFFERED=1
 exp=$(python3 -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['experiment'])" "$preset")
 model=$(python3 -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['checkpoint']['name'])" "$preset")
+if [ -n "$nproc" ]; then
+  # Switches that keep the bits on one rank only (workflow_src/rl/settings.py: SINGLE_RANK) leave the
+  # preset's set on several ranks; the overlay, with what it dropped, is one of the outputs.
+  exp="$exp-nproc$nproc"
+  python3 - "$preset" "$exp" "$nproc" > "$out/nproc.json" <<'PY'
+import json, sys, yaml
+from workflow_src.rl.settings import SINGLE_RANK
+preset, exp, nproc = yaml.safe_load(open(sys.argv[1])), sys.argv[2], int(sys.argv[3])
+switches = preset["rl"]["switches"]
+kept = [s for s in switches if nproc == 1 or s not in SINGLE_RANK]
+print(json.dumps({"experiment": exp, "rl": {"nproc": nproc, "switches": kept}}))
+print(f"NPROC={nproc}: rl.switches {kept}; left out: {sorted(set(switches) - set(kept)) or 'none'}", file=sys.stderr)
+PY
+else
+  rm -f "$out/nproc.json"
+fi
 smk() {
   local files=("$preset")
   [ -f "$out/switches.json" ] && files+=("$out/switches.json")
+  [ -f "$out/nproc.json" ] && files+=("$out/nproc.json")
   python3 -m snakemake --cores all "$@" --configfile "${files[@]}"
 }
 for stage in "$@"; do
@@ -44,11 +68,14 @@ for stage in "$@"; do
         --out "$out/switch_check.json" ;;
     bitwise)
       # Bits do not depend on what else runs on the GPU, so the deterministic runs go side by side
-      # (4 torch threads each); the timed launches of `paired` keep the whole machine.
+      # (4 torch threads per rank; with NPROC every run's rank r shares GPU r with the other runs' rank r);
+      # the timed launches of `paired` keep the whole machine.
       smk "results/bitwise/$exp/compare/optimized.json" "results/bitwise/$exp/compare/control.json" \
         --resources gpu=4 --set-threads deterministic_run=4
       cp "results/bitwise/$exp/compare/optimized.json" "$out/bitwise_optimized.json"
       cp "results/bitwise/$exp/compare/control.json" "$out/bitwise_control.json" ;;
+    launch-A)
+      smk results/speedup/training_code_alone/A ;;
     paired)
       smk results/speedup/training_code_alone/speedup.json results/speedup/training_code_alone/windows.csv
       cp results/speedup/training_code_alone/speedup.json results/speedup/training_code_alone/windows.csv "$out/"

@@ -105,6 +105,9 @@ def test_identical_runs_pass(runs):
     assert (doc["steps"], doc["ranks"]) == (STEPS, WORLD)
     assert doc["candidate"]["impl"] == "optimized" and doc["candidate"]["switches"] == ["lean_decode"]
     assert doc["matrix"]["rewards"] == {str(s): "equal" for s in range(STEPS)}
+    assert set(doc["rank_matrix"]) == {str(r) for r in range(WORLD)}
+    assert all(c == {"equal": n_step_items, "different": 0}
+               for r in range(WORLD) for s, c in doc["rank_matrix"][str(r)].items() if s != "final")
     assert doc["matrix"]["param.model.embed_tokens.weight"] == {"final": "equal"}
     assert doc["items"][:2] == ["advantages", "entropy"] and doc["items"][-1].startswith("param.")
 
@@ -126,6 +129,10 @@ def test_single_bit_difference_is_found(runs):
     assert doc["counts"]["different"] == 3
     assert doc["matrix"]["rewards"]["7"] == "different" and doc["matrix"]["rewards"]["6"] == "equal"
     assert doc["matrix"]["loss"]["9"] == "different"
+    assert doc["rank_matrix"]["1"]["7"] == {"equal": 8, "different": 1}
+    assert doc["rank_matrix"]["0"]["7"] == {"equal": 9, "different": 0}
+    assert doc["rank_matrix"]["0"]["9"]["different"] == 1 and doc["rank_matrix"]["1"]["9"]["different"] == 0
+    assert doc["rank_matrix"]["1"]["final"]["different"] == 1
     assert doc["matrix"]["param.model.embed_tokens.weight"]["final"] == "different"
     bad = [(r["item"], r["step"], r["rank"]) for r in doc["rows"] if not r["equal"]]
     assert bad == [("rewards", 7, 1), ("loss", 9, 0), ("param.model.embed_tokens.weight", "final", 1)]

@@ -293,6 +293,8 @@ def compare(reference: Run, candidate: Run) -> dict[str, Any]:
     step_keys: list[StepKey] = [*range(n), FINAL]
     rows: list[dict[str, Any]] = []
     matrix: dict[str, dict[str, str]] = {}
+    # per rank and step: how many items were equal / different (the per-rank equality matrix)
+    rank_matrix: dict[str, dict[str, dict[str, int]]] = {}
     step_names: set[str] = set()
     final_names: set[str] = set()
     for step in step_keys:
@@ -309,9 +311,11 @@ def compare(reference: Run, candidate: Run) -> dict[str, Any]:
                 equal, ra, cb, detail = _cell(a, b)
                 rows.append({"item": item, "step": step, "rank": rank, "equal": equal,
                              "reference": ra, "candidate": cb, "detail": detail})
-                col = matrix.setdefault(item, {})
                 key = str(step)
+                col = matrix.setdefault(item, {})
                 col[key] = "equal" if equal and col.get(key, "equal") == "equal" else "different"
+                cell = rank_matrix.setdefault(str(rank), {}).setdefault(key, {"equal": 0, "different": 0})
+                cell["equal" if equal else "different"] += 1
     # rows are already in (step, item, rank) order: the first different row is the first divergence
     first = next((r for r in rows if not r["equal"]), None)
     different = sum(not r["equal"] for r in rows)
@@ -329,6 +333,8 @@ def compare(reference: Run, candidate: Run) -> dict[str, Any]:
             "reference": first["reference"], "candidate": first["candidate"], "detail": first["detail"]},
         "items": items,
         "matrix": {item: matrix[item] for item in items},
+        "rank_matrix": {str(r): {str(s): rank_matrix.get(str(r), {}).get(str(s), {"equal": 0, "different": 0})
+                                 for s in step_keys} for r in range(world)},
         "rows": rows,
     }
 

@@ -39,7 +39,7 @@ from .precision import MasterWeights
 from .rewards import InProcessRewards
 from .rollout import Sampling, rollout_generate, rollout_lean
 from .seeds import derive_seed
-from .settings import GPU_ONLY, RLSettings, SettingsError
+from .settings import GPU_ONLY, RLSettings, SettingsError, check_world
 
 
 @dataclass
@@ -84,6 +84,7 @@ class Trainer:
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
+        check_world(switches, self.world)
         if settings.device == "cuda":
             if not torch.cuda.is_available():
                 raise RuntimeError("rl.device is cuda but torch sees no GPU")
