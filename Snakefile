@@ -44,9 +44,6 @@ include: "rules/randopt.smk"
 include: "rules/manifest.smk"
 
 
-check_rl_switch_sets()
-
-
 rule all:
     input:
         final_outputs(),

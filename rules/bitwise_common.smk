@@ -37,21 +37,3 @@ def bitwise_outputs():
     for cand in bitwise_candidates():
         outs += [f"results/bitwise/{exp}/compare/{cand}.json", f"results/bitwise/{exp}/compare/{cand}.html"]
     return outs
-
-
-def check_rl_switch_sets():
-    """Stop before any job when a switch set of the RL subject cannot keep the baseline's bits on the
-    configured number of ranks (workflow_src/rl/settings.py: SINGLE_RANK)."""
-    from workflow_src.rl.settings import SettingsError, check_world
-    sets = {"rl.switches": config["rl"]["switches"]}
-    for name, run in bitwise_runs().items():
-        if run.get("impl", "optimized") == "optimized" and run.get("switches"):
-            sets[f"bitwise.runs.{name}.switches"] = run["switches"]
-    for name, comp in speedup_config().get("comparisons", {}).items():
-        if comp.get("subject", "rl") == "rl" and comp.get("switches"):
-            sets[f"speedup.comparisons.{name}.switches"] = comp["switches"]
-    for where, switches in sets.items():
-        try:
-            check_world(switches, rl_world())
-        except SettingsError as e:
-            raise WorkflowError(f"{where}: {e}") from None

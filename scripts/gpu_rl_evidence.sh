@@ -13,8 +13,8 @@
 # Several stages may be named in one call (`check bitwise`). Stages share results/ and $OUT_DIR: run them on
 # one machine, in this order. Environment: PRESET (default the 0.5B H200 preset), OUT_DIR (default
 # results/gpu_evidence), CANDIDATES (switches to try on top of the preset's), NPROC (ranks per launch, one
-# GPU each, FSDP2 over NCCL: the preset runs as experiment <name>-nproc<N>, without its single-rank switches;
-# default the preset's rl.nproc). `check` runs one rank whatever NPROC says. On a host without Snakemake,
+# GPU each, FSDP2 over NCCL: the preset runs as experiment <name>-nproc<N>; default the preset's rl.nproc).
+# `check` runs one rank whatever NPROC says. On a host without Snakemake,
 # carry the wheels of scripts/device_wheels.sh in .whl/; they are installed into /tmp/site first.
 set -euo pipefail
 [ $# -gt 0 ] || { echo "usage: $0 check|bitwise|paired|launch-A [...]" >&2; exit 2; }
@@ -35,18 +35,8 @@ export PYTHONUNBUFFERED=1
 exp=$(python3 -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['experiment'])" "$preset")
 model=$(python3 -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['checkpoint']['name'])" "$preset")
 if [ -n "$nproc" ]; then
-  # Switches that keep the bits on one rank only (workflow_src/rl/settings.py: SINGLE_RANK) leave the
-  # preset's set on several ranks; the overlay, with what it dropped, is one of the outputs.
   exp="$exp-nproc$nproc"
-  python3 - "$preset" "$exp" "$nproc" > "$out/nproc.json" <<'PY'
-import json, sys, yaml
-from workflow_src.rl.settings import SINGLE_RANK
-preset, exp, nproc = yaml.safe_load(open(sys.argv[1])), sys.argv[2], int(sys.argv[3])
-switches = preset["rl"]["switches"]
-kept = [s for s in switches if nproc == 1 or s not in SINGLE_RANK]
-print(json.dumps({"experiment": exp, "rl": {"nproc": nproc, "switches": kept}}))
-print(f"NPROC={nproc}: rl.switches {kept}; left out: {sorted(set(switches) - set(kept)) or 'none'}", file=sys.stderr)
-PY
+  printf '{"experiment": "%s", "rl": {"nproc": %d}}\n' "$exp" "$nproc" > "$out/nproc.json"
 else
   rm -f "$out/nproc.json"
 fi

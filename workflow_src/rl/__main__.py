@@ -27,7 +27,7 @@ from ..progress import progress_bar
 from ..provenance.atomic import atomic_write_text
 from ..provenance.stamp import load_config_section
 from ..reward.serve import URL_VARIABLE
-from .settings import GPU_ONLY, SWITCHES, RLSettings, SettingsError, check_world, parse_switches
+from .settings import GPU_ONLY, SWITCHES, RLSettings, SettingsError, parse_switches
 
 
 def make_rewards(url: str | None, reward_section: str | None, overlap: bool, task: str = "synthetic_arithmetic"):
@@ -103,7 +103,6 @@ def main(argv: list[str] | None = None) -> None:
             switches = frozenset()
         else:
             switches = parse_switches(a.switches if a.switches is not None else rl_cfg.get("switches", []))
-            check_world(switches, int(os.environ.get("WORLD_SIZE", "1")))
         if GPU_ONLY & switches and settings.device != "cuda":
             raise SettingsError(f"switch(es) {sorted(GPU_ONLY & switches)} need rl.device cuda")
     except SettingsError as e:

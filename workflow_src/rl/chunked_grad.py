@@ -62,9 +62,9 @@ class _Sink:
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, rows, sink, chunk_gemms):
+    def forward(ctx, x, weight, bias, rows, sink, chunk_gemms, keys):
         ctx.save_for_backward(x, weight)
-        ctx.bias, ctx.rows, ctx.sink = bias, rows, sink
+        ctx.bias, ctx.rows, ctx.sink, ctx.keys = bias, rows, sink, keys
         if chunk_gemms:  # the micro-batches' own GEMM shapes, so a GPU picks the baseline's kernels
             return torch.cat([F.linear(x_k, weight, bias) for x_k in _chunks(x, rows)])
         return F.linear(x, weight, bias)
@@ -77,52 +77,52 @@ class _Linear(torch.autograd.Function):
         # dX per chunk too: cuBLAS chooses its kernel (and so the reduction over out_features) by the row
         # count, so only the micro-batch's own GEMM shape reproduces its bits on a GPU.
         dx = torch.cat([d2.mm(weight).view(x_k.shape) for x_k, d2 in pairs])
-        ctx.sink.add(weight, [d2.t().mm(x_k.reshape(-1, in_f)) for x_k, d2 in pairs])
+        ctx.sink.add(ctx.keys[0], [d2.t().mm(x_k.reshape(-1, in_f)) for x_k, d2 in pairs])
         if ctx.bias is not None:
-            ctx.sink.add(ctx.bias, [d2.sum_to_size(ctx.bias.shape) for _, d2 in pairs])
-        return dx, None, None, None, None, None
+            ctx.sink.add(ctx.keys[1], [d2.sum_to_size(ctx.bias.shape) for _, d2 in pairs])
+        return dx, None, None, None, None, None, None
 
 
 class _Scale(torch.autograd.Function):
     """weight * h (the last op of Qwen2RMSNorm)."""
 
     @staticmethod
-    def forward(ctx, weight, h, rows, sink):
+    def forward(ctx, weight, h, rows, sink, key):
         ctx.save_for_backward(weight, h)
-        ctx.rows, ctx.sink = rows, sink
+        ctx.rows, ctx.sink, ctx.key = rows, sink, key
         return weight * h
 
     @staticmethod
     def backward(ctx, dy):
         weight, h = ctx.saved_tensors
-        ctx.sink.add(weight, [(dy_k * h_k).sum_to_size(weight.shape)
-                              for h_k, dy_k in zip(_chunks(h, ctx.rows), _chunks(dy, ctx.rows))])
-        return None, dy * weight, None, None
+        ctx.sink.add(ctx.key, [(dy_k * h_k).sum_to_size(weight.shape)
+                               for h_k, dy_k in zip(_chunks(h, ctx.rows), _chunks(dy, ctx.rows))])
+        return None, dy * weight, None, None, None
 
 
 class _Embedding(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, ids, weight, padding_idx, rows, sink):
+    def forward(ctx, ids, weight, padding_idx, rows, sink, key):
         ctx.save_for_backward(ids)
-        ctx.weight, ctx.padding_idx, ctx.rows, ctx.sink = weight, padding_idx, rows, sink
+        ctx.weight, ctx.padding_idx, ctx.rows, ctx.sink, ctx.key = weight, padding_idx, rows, sink, key
         return F.embedding(ids, weight, padding_idx)
 
     @staticmethod
     def backward(ctx, dy):
         (ids,) = ctx.saved_tensors
         pad = -1 if ctx.padding_idx is None else ctx.padding_idx
-        ctx.sink.add(ctx.weight, [torch.ops.aten.embedding_backward(dy_k, ids_k, ctx.weight.shape[0], pad, False, False)
-                                  for ids_k, dy_k in zip(_chunks(ids, ctx.rows), _chunks(dy, ctx.rows))])
-        return None, None, None, None, None
+        ctx.sink.add(ctx.key, [torch.ops.aten.embedding_backward(dy_k, ids_k, ctx.weight.shape[0], pad, False, False)
+                               for ids_k, dy_k in zip(_chunks(ids, ctx.rows), _chunks(dy, ctx.rows))])
+        return None, None, None, None, None, None
 
 
-def _rmsnorm_forward(module, rows, sink):
+def _rmsnorm_forward(module, rows, sink, key):
     def forward(hidden_states):
         input_dtype = hidden_states.dtype
         h = hidden_states.to(torch.float32)
         variance = h.pow(2).mean(-1, keepdim=True)
         h = h * torch.rsqrt(variance + module.variance_epsilon)
-        return _Scale.apply(module.weight, h.to(input_dtype), rows, sink)
+        return _Scale.apply(module.weight, h.to(input_dtype), rows, sink, key)
     return forward
 
 
@@ -149,13 +149,17 @@ def chunked_parameter_grads(model: torch.nn.Module, rows: int,
         covered.update(id(p) for p in params)
         uses.update(id(p) for p in params)
     sink = _Sink(uses, accumulate)
+    # Gradients go to `accumulate` under the parameter objects the model holds now: under FSDP2 these are the
+    # sharded parameters, while the forward sees the unsharded ones it gathers.
     for module in found:
         if isinstance(module, torch.nn.Linear):
-            fwd = (lambda m: lambda x: _Linear.apply(x, m.weight, m.bias, rows, sink, chunk_gemms))(module)
+            fwd = (lambda m, k: lambda x: _Linear.apply(x, m.weight, m.bias, rows, sink, chunk_gemms, k))(
+                module, (module.weight, module.bias))
         elif isinstance(module, torch.nn.Embedding):
-            fwd = (lambda m: lambda ids: _Embedding.apply(ids, m.weight, m.padding_idx, rows, sink))(module)
+            fwd = (lambda m, k: lambda ids: _Embedding.apply(ids, m.weight, m.padding_idx, rows, sink, k))(
+                module, module.weight)
         else:
-            fwd = _rmsnorm_forward(module, rows, sink)
+            fwd = _rmsnorm_forward(module, rows, sink, module.weight)
         patched.append(module)
         module.forward = fwd
     missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in covered]

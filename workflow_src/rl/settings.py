@@ -26,12 +26,6 @@ REQUIRES = {"batched_groups": "lean_decode", "shared_prefix": "lean_decode", "gr
 GPU_ONLY = {"fused_elementwise"}
 # Pairs that cannot run together: the control reorders micro-batches, which a batched step has no loop for.
 CONFLICTS = {("batched_train", "control_reduction_order")}
-# Switches that keep the baseline's bits on one rank only. Under FSDP2 the baseline reduce-scatters each
-# micro-batch's gradients and adds the reduced shards; batched_train's one backward per batch reduces the sum
-# of its micro-batches' local gradients: another rounding (seen on 2 H200s and on 2 CPU ranks in bf16,
-# docs/benchmarks/2026-11-29-h200x2-rl-paired-0.5b.md).
-SINGLE_RANK = {"batched_train": "FSDP2 reduce-scatters once per backward, so one backward for the whole batch "
-                                "reduces the micro-batches' summed gradients instead of each micro-batch's"}
 # Deliberately non-equivalent changes: the bitwise comparison must flag them (negative controls).
 CONTROLS: dict[str, str] = {
     "control_reduction_order": "accumulates the micro-batches' gradients (and losses) in reverse order: "
@@ -92,15 +86,6 @@ class RLSettings:
         if s.rounds not in (1, 2):
             raise SettingsError(f"rl.rounds must be 1 or 2, got {s.rounds}")
         return s
-
-
-def check_world(switches, world: int) -> None:
-    """Refuse switches that do not keep the baseline's bits on `world` ranks (SINGLE_RANK)."""
-    bad = sorted(set(switches) & set(SINGLE_RANK))
-    if world > 1 and bad:
-        why = "; ".join(f"{n}: {SINGLE_RANK[n]}" for n in bad)
-        raise SettingsError(f"switch(es) {bad} keep the baseline's bits on one rank only, and this run has {world} "
-                            f"ranks ({why}); leave them out of the switches of multi-rank runs")
 
 
 def parse_switches(names: list[str] | str | None) -> frozenset[str]:

@@ -39,7 +39,8 @@ from .precision import MasterWeights
 from .rewards import InProcessRewards
 from .rollout import Sampling, rollout_generate, rollout_lean
 from .seeds import derive_seed
-from .settings import GPU_ONLY, RLSettings, SettingsError, check_world
+from .settings import GPU_ONLY, RLSettings, SettingsError
+from .sharded_grads import reduce_scatter_accumulate
 
 
 @dataclass
@@ -84,7 +85,6 @@ class Trainer:
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
-        check_world(switches, self.world)
         if settings.device == "cuda":
             if not torch.cuda.is_available():
                 raise RuntimeError("rl.device is cuda but torch sees no GPU")
@@ -315,7 +315,13 @@ class Trainer:
         """`batched_train`: one forward/backward of the model for the batch; the step's sums (updated in place)
         and the parameter gradients get the baseline's additions, micro-batch by micro-batch."""
         n, s = self.s.policy_group_size, self.s
-        with chunked_parameter_grads(self.policy, n, accumulate=self.master.accumulate,
+        # On several ranks each micro-batch's gradient is reduced on its own, as FSDP2 reduces the baseline's,
+        # into the sharded parameters: FSDP2's root keeps its gathered ones after a forward until asked.
+        accumulate = self.master.accumulate
+        if self.distributed:
+            self.policy.reshard()
+            accumulate = reduce_scatter_accumulate
+        with chunked_parameter_grads(self.policy, n, accumulate=accumulate,
                                      chunk_gemms=self.chunk_gemms):
             logits = self.policy(input_ids=b.ids).logits
             losses = []
