@@ -62,7 +62,7 @@ def test_slurm_profile_plans_multi_node_launches(tmp_path):
     (tmp_path / "nodes.yaml").write_text("rl: {nnodes: 2, nproc: 4}\n")
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(repo / "Snakefile"), "--directory",
                            str(tmp_path), "--configfile", str(repo / "config/config.yaml"), str(tmp_path / "nodes.yaml"),
-                           "--profile", str(repo / "profiles/slurm"), "-n", "-p"],
+                           "--workflow-profile", str(repo / "profiles/slurm"), "-n", "-p"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout

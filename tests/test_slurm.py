@@ -2,7 +2,7 @@
 
 The test writes its own slurm.conf, munge key and state directories under a temporary directory, starts
 munged + slurmctld + slurmd on loopback ports, submits the tiny workflow of tests/test_workflow.py with
-`--profile` derived from profiles/slurm (same rules, same GPU requests and exclusive timed launches; only
+`--workflow-profile` derived from profiles/slurm (same rules, same GPU requests and exclusive timed launches; only
 cpus/memory scaled to this node, and gpu_model mapped to the node's one fake GPU; the snakemake that
 submits checks job status at a steady STATUS_CHECK_S), and checks that the deterministic artifacts equal
 those of the session's local run (conftest.TinyWorkflow). Every daemon it started is stopped, also on failure.
@@ -72,10 +72,15 @@ def test_profile_dry_run_plans_the_spine(tmp_path):
     from test_workflow import SPINE, jobs_planned
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(TINY))
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
-                           str(tmp_path), "--configfile", str(tmp_path / "config.yaml"), "--profile",
+                           str(tmp_path), "--configfile", str(tmp_path / "config.yaml"), "--workflow-profile",
                            str(PROFILE.parent), "-n"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert jobs_planned(proc) == SPINE
+    # the profile's own settings reach every job: as a workflow profile it replaces profiles/default (given
+    # with --profile, profiles/default would still load and its default-resources would replace these)
+    resources = [line for line in proc.stdout.splitlines() if line.strip().startswith("resources:")]
+    assert resources and all("runtime=" in line for line in resources), resources[:3]
+    assert "profiles/default" not in proc.stdout + proc.stderr
 
 
 # --- a real one-node SLURM ------------------------------------------------------------------------------------
@@ -313,11 +318,11 @@ def test_slurm_run_matches_local_run(cluster, tiny_workflow, tmp_path):
     targets = ["results/speedup/full/speedup.json", "results/bitwise/wftest/comparison.json",
                "results/randopt/wftest/population.parquet"]
     try:
-        out = _snakemake(remote, "--profile", str(profile), *targets, env=cluster.env, timeout=SLURM_RUN_TIMEOUT_S)
+        out = _snakemake(remote, "--workflow-profile", str(profile), *targets, env=cluster.env, timeout=SLURM_RUN_TIMEOUT_S)
         local = tiny_workflow.full().result()
     finally:  # the local runs are left to no later test's time
         tiny_workflow.settle()
-    assert "Nothing to be done" in _snakemake(remote, "--profile", str(profile), "-n", *targets, env=cluster.env)
+    assert "Nothing to be done" in _snakemake(remote, "--workflow-profile", str(profile), "-n", *targets, env=cluster.env)
 
     # Jobs really went through sbatch: the plugin keeps one SLURM log per job (keep-successful-logs).
     slurm_logs = list((tmp_path / "profile/slurm-logs").rglob("*.log"))
