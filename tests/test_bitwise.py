@@ -283,7 +283,9 @@ def test_cli_pass_writes_json_csv_html(runs):
     assert list(rows[0]) == ["item", "step", "rank", "equal", "reference", "candidate", "detail"]
     page = (out / "comparison.html").read_text()
     assert "PASS" in page and "class='bad'" not in page
-    assert page.count("class='ok'") == 9 * STEPS + 4 * len(PARAMS)  # one green cell per (item, step)
+    # one green cell per (item, step), then one per (rank, step) of the per-rank matrix
+    assert page.count("class='ok'") == 9 * STEPS + 4 * len(PARAMS) + WORLD * (STEPS + 1)
+    assert f"<td>1</td><td class='ok'>9/9</td>" in page
 
 
 def test_cli_failure_is_reported_and_strict_exits_1(runs):
@@ -297,7 +299,8 @@ def test_cli_failure_is_reported_and_strict_exits_1(runs):
     assert doc["pass"] is False
     assert "FAIL" in doc["verdict"]["message"] and "step 7, item rewards, rank 1" in doc["verdict"]["message"]
     page = (out / "comparison.html").read_text()
-    assert page.count("class='bad'") == 1 and "≠ rank 1" in page
+    assert page.count("class='bad'") == 2 and "≠ rank 1" in page  # the matrix cell and rank 1's step 7
+    assert "<td class='bad'>8/9</td>" in page
     # matrix layout: a header with steps 0..13 and final; final-only items show "—" in step columns
     assert "<th>item</th>" + "".join(f"<th>{s}</th>" for s in range(STEPS)) + "<th>final</th>" in page
     assert "<td>param.model.embed_tokens.weight</td>" + "<td>—</td>" * STEPS + "<td class='ok'>=</td>" in page

@@ -449,7 +449,15 @@ def html_page(doc: dict[str, Any]) -> str:
                     "'—' not recorded at that step. Per-rank values: comparison.csv / comparison.json."),
     ]
     page = html_table(header, texts, title=title, cell_class=lambda i, j, _: classes[i][j])
-    return page.replace("</h3>", "</h3>" + "".join(f"<p>{x}</p>" for x in lines), 1)
+    page = page.replace("</h3>", "</h3>" + "".join(f"<p>{x}</p>" for x in lines), 1)
+    # The per-rank equality matrix: items equal / compared on each rank at each step.
+    steps = [str(s) for s in range(doc["steps"])] + [FINAL]
+    cells = [[doc["rank_matrix"][str(r)][s] for s in steps] for r in range(doc["ranks"])]
+    ranks = html_table(["rank", *steps], [[r, *(f"{c['equal']}/{c['equal'] + c['different']}" for c in row)]
+                                          for r, row in enumerate(cells)],
+                       cell_class=lambda i, j, _: None if j == 0 else ("bad" if cells[i][j - 1]["different"] else "ok"))
+    ranks = ranks[ranks.index("<table>"): ranks.index("</table>") + len("</table>")]
+    return page.replace("</table>", "</table><h4>Per rank: items equal / compared</h4>" + ranks, 1)
 
 
 def main(argv: list[str] | None = None) -> None:
