@@ -106,9 +106,13 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
     from workflow_src.engine.bench import main
     out = tmp_path / "bench.json"
     main(["--tiny", "--shapes", "0.5B", "--prompts", "5", "--prompt-chars", "12", "--new-tokens", "6",
-          "--batch", "4", "--seeds", "2", "--device", "cpu", "--out", str(out)])
+          "--batch", "4", "--seeds", "2", "--profile", "3", "--device", "cpu", "--out", str(out)])
     doc = json.loads(out.read_text())
     engines = doc["shapes"]["0.5B"]["engines"]
     assert set(engines) == {"hf", "static"} and engines["hf"]["ratio_to_hf"] == 1.0
     assert all(0 < e["generated_tokens"] <= 5 * 6 and e["prompts"] == 5 for e in engines.values())
     assert doc["population"]["seeds"] == 2 and doc["population"]["engines"]["static"]["seeds_per_s"] > 0
+    prof = doc["profile"]
+    assert prof["clock"] == "host" and prof["new_tokens"] == 3 and prof["total_ms"] > 0
+    assert prof["top"] and all(r["ms"] > 0 and r["calls"] >= 1 for r in prof["top"])
+    assert any("linear" in r["op"] or "mm" in r["op"] for r in prof["top"])  # the GEMMs are in there

@@ -13,6 +13,9 @@ the first engine, and how many completions agree with the first engine's (on ran
 among near-equal logits, so agreement here says little; the CPU tests measure it on a trained model).
 `--seeds N` then times a RandOpt population on the last shape: per seed, the fused weight switch
 (`randopt.perturb.Perturber`) and the generation of all prompts with each engine; seeds/s = N / seconds.
+`--profile N` then profiles N new tokens of the static engine on the last shape with the torch profiler,
+eager (kernels inside a replayed CUDA graph are not attributed one by one), and records the ops that took the
+most device (CPU: host) time: where a decode step goes, as a guide to the next optimization.
 `--tiny` swaps the shapes for a two-layer stand-in (for the CPU tests).
 """
 
@@ -91,6 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--seeds", type=int, default=0, help="time a population of this many seeds on the last shape")
     ap.add_argument("--sigma", type=float, default=1e-3)
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="profile N new tokens of the eager static engine on the last shape (top ops by time)")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args(argv)
@@ -120,11 +125,36 @@ def main(argv: list[str] | None = None) -> None:
         doc["shapes"][shape] = row
         if a.seeds and shape == a.shapes[-1]:
             doc["population"] = population(model, tok, a, prompts, sync)
+        if a.profile and shape == a.shapes[-1]:
+            doc["profile"] = profile_static(model, tok, a, prompts, sync)
         del model
         if a.device == "cuda":
             torch.cuda.empty_cache()
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
+
+
+def profile_static(model, tok, a, prompts, sync, top: int = 25) -> dict:
+    """The ops of `a.profile` eager static-engine tokens over one batch, by total self time (device time on a
+    GPU, host time on the CPU), with call counts."""
+    from torch.profiler import ProfilerActivity, profile
+    from .static import StaticEngine
+    engine = StaticEngine(model, tok, a.batch, meter=ThroughputMeter(sync=sync), graphs=False)
+    batch = prompts[: a.batch]
+    engine.generate(batch, a.profile)  # warm-up
+    cuda = a.device == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        engine.generate(batch, a.profile)
+        sync()
+    field = "self_device_time_total" if cuda else "self_cpu_time_total"
+    ops = sorted((e for e in prof.key_averages() if getattr(e, field) > 0), key=lambda e: -getattr(e, field))
+    total = sum(getattr(e, field) for e in ops)
+    rows = [{"op": e.key, "calls": e.count, "ms": getattr(e, field) / 1e3,
+             "share": getattr(e, field) / total} for e in ops[:top]]
+    for r in rows[:10]:
+        print(f"profile {r['share']:6.1%} {r['ms']:10.2f} ms {r['calls']:7d}x {r['op'][:80]}", flush=True)
+    return {"new_tokens": a.profile, "prompts": len(batch), "clock": "device" if cuda else "host",
+            "total_ms": total / 1e3, "per_new_token_ms": total / 1e3 / a.profile, "top": rows}
 
 
 def population(model, tok, a, prompts, sync) -> dict:
