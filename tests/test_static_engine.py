@@ -76,6 +76,23 @@ def test_weights_changed_in_place_are_seen(model_and_tokenizer, prompts):
     assert engine.generate(prompts[:8], 20) == before
 
 
+def test_attention_over_the_live_span(model_and_tokenizer, prompts, hf_answers):
+    """Steps attend over the furthest live position rounded up to span_bucket, not the whole capacity: with
+    buckets of 4 positions a generation goes through many spans, and its answers still agree with hf's."""
+    model, tok = model_and_tokenizer
+    engine = StaticEngine(model, tok, 8, span_bucket=4)
+    got = engine.generate(prompts, 20)
+    assert engine.generate(prompts, 20) == got
+    assert sum(a == b for a, b in zip(got, hf_answers[0])) / len(got) >= 0.9
+    whole = StaticEngine(model, tok, 8, span_bucket=1 << 30)  # one span: the capacity, as before
+    assert sum(a == b for a, b in zip(got, whole.generate(prompts, 20))) / len(got) >= 0.9
+    decoder = engine._decoder
+    assert [decoder.span(p) for p in (0, 3, 4, decoder.capacity - 1)] == [4, 4, 8, decoder.capacity]
+    assert whole._decoder.span(0) == whole._decoder.capacity
+    with pytest.raises(ValueError, match="span_bucket"):
+        StaticEngine(model, tok, 2, span_bucket=0)
+
+
 def test_bad_input_is_refused(model_and_tokenizer):
     model, tok = model_and_tokenizer
     with pytest.raises(ValueError, match="batch_size"):
@@ -92,10 +109,10 @@ def test_graph_replay_equals_eager_decode(model_and_tokenizer, prompts):
     model, tok = model_and_tokenizer
     model = model.to("cuda")
     try:
-        eager = StaticEngine(model, tok, 8, graphs=False).generate(prompts, 20)
-        graphed = StaticEngine(model, tok, 8, graphs=True)
+        eager = StaticEngine(model, tok, 8, graphs=False, span_bucket=8).generate(prompts, 20)
+        graphed = StaticEngine(model, tok, 8, graphs=True, span_bucket=8)
         assert graphed.generate(prompts, 20) == eager
-        assert graphed._decoder._graph is not None
+        assert len(graphed._decoder._graphs) > 1  # one graph per span reached
         assert graphed.generate(prompts, 20) == eager  # replayed again, weights read in place
     finally:
         model.to("cpu")
@@ -106,10 +123,11 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
     from workflow_src.engine.bench import main
     out = tmp_path / "bench.json"
     main(["--tiny", "--shapes", "0.5B", "--prompts", "5", "--prompt-chars", "12", "--new-tokens", "6",
-          "--batch", "4", "--seeds", "2", "--profile", "3", "--device", "cpu", "--out", str(out)])
+          "--batch", "4", "--seeds", "2", "--profile", "3", "--device", "cpu", "--out", str(out),
+          "--engines", "hf", "static", "static:span=4"])
     doc = json.loads(out.read_text())
     engines = doc["shapes"]["0.5B"]["engines"]
-    assert set(engines) == {"hf", "static"} and engines["hf"]["ratio_to_hf"] == 1.0
+    assert set(engines) == {"hf", "static", "static:span=4"} and engines["hf"]["ratio_to_hf"] == 1.0
     assert all(0 < e["generated_tokens"] <= 5 * 6 and e["prompts"] == 5 for e in engines.values())
     assert doc["population"]["seeds"] == 2 and doc["population"]["engines"]["static"]["seeds_per_s"] > 0
     prof = doc["profile"]

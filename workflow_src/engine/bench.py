@@ -16,6 +16,8 @@ among near-equal logits, so agreement here says little; the CPU tests measure it
 `--profile N` then profiles N new tokens of the static engine on the last shape with the torch profiler,
 eager (kernels inside a replayed CUDA graph are not attributed one by one), and records the ops that took the
 most device (CPU: host) time: where a decode step goes, as a guide to the next optimization.
+`--engines` takes engine names, and `static:span=N` for the static engine with span_bucket N (a huge N
+attends over the whole cache capacity, as the engine did before it read only the live span).
 `--tiny` swaps the shapes for a two-layer stand-in (for the CPU tests).
 """
 
@@ -73,6 +75,14 @@ def random_prompts(n: int, chars: int, seed: int = 0) -> list[str]:
     return ["".join(rng.choice(letters) for _ in range(chars)) for _ in range(n)]
 
 
+def bench_engine(label: str, model, tok, batch: int, meter: ThroughputMeter):
+    """An engine by name, or `static:span=N`: the static engine with span_bucket N."""
+    if label.startswith("static:span="):
+        from .static import StaticEngine
+        return StaticEngine(model, tok, batch, meter=meter, span_bucket=int(label.split("=", 1)[1]))
+    return make_engine(label, model, tok, batch, meter=meter)
+
+
 def timed_generate(engine, prompts, new_tokens, sync) -> dict:
     meter = engine.meter
     with meter.phase("timed"):
@@ -111,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         row: dict = {"parameters": sum(p.numel() for p in model.parameters()), "engines": {}}
         first = None
         for name in a.engines:
-            engine = make_engine(name, model, tok, a.batch, meter=ThroughputMeter(sync=sync))
+            engine = bench_engine(name, model, tok, a.batch, ThroughputMeter(sync=sync))
             engine.generate(prompts[: a.batch], a.new_tokens)  # warm-up: compilation, graph capture
             res = timed_generate(engine, prompts, a.new_tokens, sync)
             completions = res.pop("completions")
@@ -120,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
             res["ratio_to_" + first[0]] = res["gen_tokens_per_s"] / first[2]
             res["agreement_with_" + first[0]] = sum(x == y for x, y in zip(completions, first[1])) / len(prompts)
             row["engines"][name] = res
-            print(f"{shape:>5} {name:>7}: {res['gen_tokens_per_s']:,.0f} gen-tok/s "
+            print(f"{shape:>5} {name:>16}: {res['gen_tokens_per_s']:,.0f} gen-tok/s "
                   f"({res['ratio_to_' + first[0]]:.2f}x {first[0]})", flush=True)
         doc["shapes"][shape] = row
         if a.seeds and shape == a.shapes[-1]:
@@ -163,7 +173,7 @@ def population(model, tok, a, prompts, sync) -> dict:
     perturber = Perturber(model)
     out = {"seeds": a.seeds, "sigma": a.sigma, "prompts": len(prompts), "engines": {}}
     for name in a.engines:
-        engine = make_engine(name, model, tok, a.batch, meter=ThroughputMeter(sync=sync))
+        engine = bench_engine(name, model, tok, a.batch, ThroughputMeter(sync=sync))
         sync()
         t0 = time.perf_counter()
         for seed in population_seeds(0, a.seeds):

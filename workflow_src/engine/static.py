@@ -3,16 +3,18 @@
 Every slot holds one sequence. The engine fills all slots from the prompt queue with one batched prefill
 (prompts right-padded to the longest: attention is causal, so a row's real tokens never see its padding),
 then repeats one decode step over all slots at once: each slot feeds its last token at its own position,
-writes its key/value there and attends to its own keys only (a mask of positions <= the slot's position
-over the cache's whole capacity, so every step has the same shapes). A slot whose sequence ended (a stop
+writes its key/value there and attends to its own keys only (a mask of positions <= the slot's position).
+Attention reads the cache up to the live span only: the furthest live slot's position rounded up to a
+multiple of `span_bucket` (a step's shapes then take one of a few values, not one per step), not the whole
+capacity, which the longest prompt plus max_new_tokens sets and most steps never reach. A slot whose sequence ended (a stop
 token or max_new_tokens) is refilled from the queue with a prefill into that slot, so the batch stays full
-until the queue runs dry. On a GPU, the decode step is captured once as a CUDA graph and replayed: its
-inputs (last tokens, positions) live in fixed buffers, and the weights are read where they lie, so
+until the queue runs dry. On a GPU, the decode step is captured as a CUDA graph once per span and replayed:
+its inputs (last tokens, positions) live in fixed buffers, and the weights are read where they lie, so
 weights changed in place (RandOpt's perturbations) are seen by the next replay without a new capture.
 
-Deterministic: the schedule (which prompt enters which slot when) is a pure function of the prompts and of
-the tokens generated, greedy selection is an argmax, and every kernel runs in deterministic mode; the same
-prompts and weights give the same tokens on every run. They can differ from `hf`'s in rare near-ties:
+Deterministic: the schedule (which prompt enters which slot when) and the span of every step are pure
+functions of the prompts and of the tokens generated, greedy selection is an argmax, and every kernel runs in
+deterministic mode; the same prompts, weights and settings give the same tokens on every run. They can differ from `hf`'s in rare near-ties:
 `hf` pads on the left and attends over exact lengths, this engine over a masked fixed capacity, and the
 different kernels round differently (`agreement` in the tests and benchmarks measures how often).
 """
@@ -38,20 +40,21 @@ class SlotDecoder:
     """The model over `slots` cache rows of `capacity` positions: batched prefill into chosen slots and one
     decode step over every slot (optionally as a CUDA graph)."""
 
-    def __init__(self, model: PreTrainedModel, slots: int, capacity: int, graphs: bool):
+    def __init__(self, model: PreTrainedModel, slots: int, capacity: int, graphs: bool, span_bucket: int = 128):
+        if span_bucket < 1:
+            raise ValueError(f"static engine: span_bucket must be >= 1, got {span_bucket}")
         self.lean = LeanQwen2(model, slots, capacity)
         for k, v in zip(self.lean.k, self.lean.v):  # masked keys still meet the values: no NaN garbage there
             k.zero_()
             v.zero_()
-        self.model, self.slots, self.capacity = model, slots, capacity
+        self.model, self.slots, self.capacity, self.span_bucket = model, slots, capacity, span_bucket
         device = model.model.embed_tokens.weight.device
         self.tokens = torch.zeros(slots, dtype=torch.long, device=device)
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)
         self.key_index = torch.arange(capacity, device=device)
         self.rows = torch.arange(slots, device=device)
         self.graphs = graphs and device.type == "cuda"
-        self._graph = None
-        self._out = None
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # span -> (graph, its logits)
 
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
@@ -73,13 +76,18 @@ class SlotDecoder:
         last = torch.tensor([len(p) - 1 for p in prompts], device=ids.device)
         return F.linear(h[torch.arange(len(prompts), device=ids.device), last], self.model.lm_head.weight)
 
-    def _step(self) -> torch.Tensor:
-        """One token per slot from self.tokens at self.positions; returns the logits [slots, vocab]."""
+    def span(self, furthest: int) -> int:
+        """Cache positions a step reads when the furthest live slot is at position `furthest`."""
+        return min(self.capacity, -(-(furthest + 1) // self.span_bucket) * self.span_bucket)
+
+    def _step(self, span: int) -> torch.Tensor:
+        """One token per slot from self.tokens at self.positions, attending over cache positions < span
+        (every live slot's position must be below it); returns the logits [slots, vocab]."""
         lean, model = self.lean, self.model
         pos = self.positions
         h = F.embedding(self.tokens[:, None], model.model.embed_tokens.weight)
         cos, sin = lean.cos[pos][:, None, None, :], lean.sin[pos][:, None, None, :]
-        visible = (self.key_index[None, :] <= pos[:, None])[:, None, None, :]  # [slots, 1, 1, capacity]
+        visible = (self.key_index[None, :span] <= pos[:, None])[:, None, None, :]  # [slots, 1, 1, span]
         for li, layer in enumerate(lean.layers):
             attn = layer.self_attn
             residual = h
@@ -94,7 +102,8 @@ class SlotDecoder:
             # as it lies: with a mask, transformers' SDPA path would first copy every KV head
             # `heads / kv_heads` times over the whole capacity (repeat_kv), at 7B the bulk of a step.
             q = qs.reshape(self.slots, lean.k[li].shape[1], -1, lean.head_dim)
-            o = F.scaled_dot_product_attention(q, lean.k[li], lean.v[li], attn_mask=visible, scale=attn.scaling)
+            o = F.scaled_dot_product_attention(q, lean.k[li][:, :, :span], lean.v[li][:, :, :span],
+                                               attn_mask=visible, scale=attn.scaling)
             o = o.reshape(self.slots, 1, -1)
             norm = layer.post_attention_layernorm
             x, h = add_rms_norm(residual, F.linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight,
@@ -104,18 +113,21 @@ class SlotDecoder:
         return F.linear(_rms(model.model.norm, h)[:, 0], model.lm_head.weight)
 
     @torch.no_grad()
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Logits [slots, vocab] of one step: slot i feeds tokens[i] at positions[i]."""
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, furthest: int) -> torch.Tensor:
+        """Logits [slots, vocab] of one step: slot i feeds tokens[i] at positions[i]; `furthest` is the largest
+        position of a slot whose logits are used (slots past it compute garbage nobody reads)."""
         self.tokens.copy_(tokens)
         self.positions.copy_(positions)
+        span = self.span(furthest)
         if not self.graphs:
-            return self._step()
-        if self._graph is None:
-            self._capture()
-        self._graph.replay()
-        return self._out
+            return self._step(span)
+        if span not in self._graphs:
+            self._graphs[span] = self._capture(span)
+        graph, out = self._graphs[span]
+        graph.replay()
+        return out
 
-    def _capture(self) -> None:
+    def _capture(self, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # Warm-up on a side stream (lazy initializations must not happen during capture), then capture.
         # The step writes one key/value per slot at that slot's position: the warm-up runs write what the
         # replay will write again, so they change nothing a later step reads.
@@ -123,11 +135,12 @@ class SlotDecoder:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._step()
+                self._step(span)
         torch.cuda.current_stream().wait_stream(stream)
-        self._graph = torch.cuda.CUDAGraph()
-        with safe_capture(self._graph):
-            self._out = self._step()
+        graph = torch.cuda.CUDAGraph()
+        with safe_capture(graph):
+            out = self._step(span)
+        return graph, out
 
 
 class StaticEngine:
@@ -136,10 +149,12 @@ class StaticEngine:
     name = "static"
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int,
-                 meter: ThroughputMeter | None = None, progress=None, graphs: bool = True):
+                 meter: ThroughputMeter | None = None, progress=None, graphs: bool = True, span_bucket: int = 128):
         if batch_size < 1:
             raise ValueError(f"static engine: batch_size must be >= 1, got {batch_size}")
-        self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        if span_bucket < 1:
+            raise ValueError(f"static engine: span_bucket must be >= 1, got {span_bucket}")
+        self.model, self.tokenizer, self.batch_size, self.span_bucket = model, tokenizer, batch_size, span_bucket
         self.meter = meter if meter is not None else ThroughputMeter()
         self.progress, self.graphs = progress, graphs
         self.stops = stop_token_ids(model, tokenizer)
@@ -152,7 +167,7 @@ class StaticEngine:
             raise ValueError(f"static engine: prompt + max_new_tokens needs {capacity} positions; the model has "
                              f"{limit}")
         if self._decoder is None or self._decoder.capacity < capacity:
-            self._decoder = SlotDecoder(self.model, self.batch_size, capacity, self.graphs)
+            self._decoder = SlotDecoder(self.model, self.batch_size, capacity, self.graphs, self.span_bucket)
         return self._decoder
 
     def generate(self, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
@@ -186,6 +201,7 @@ class StaticEngine:
         tokens = torch.zeros(decoder.slots, dtype=torch.long, device=decoder.tokens.device)
         positions = torch.zeros_like(tokens)
         live = torch.zeros_like(tokens)  # 1 where a slot decodes a prompt: only those advance
+        where = [0] * decoder.slots  # the host's copy of positions, for the span
 
         def admit(free: list[int]) -> None:
             taken = [(slot, queue.popleft()) for slot in free if queue]
@@ -195,7 +211,7 @@ class StaticEngine:
             logits = decoder.prefill([encoded[i] for i in idx], slots)
             for slot, i in taken:
                 owner[slot] = i
-                positions[slot] = len(encoded[i])
+                positions[slot] = where[slot] = len(encoded[i])
                 live[slot] = 1
                 self.meter.count(prompts=1, prompt_tokens=len(encoded[i]))
             first = logits.argmax(-1)
@@ -209,11 +225,13 @@ class StaticEngine:
             admit(finished)
             if all(o is None for o in owner):
                 continue  # every admitted sequence ended at its prefill: admit more while the queue lasts
-            logits = decoder.decode(tokens, positions)
-            nxt = logits.argmax(-1)
             active = [s for s, o in enumerate(owner) if o is not None]
+            logits = decoder.decode(tokens, positions, max(where[s] for s in active))
+            nxt = logits.argmax(-1)
             tokens.copy_(nxt)
             positions += live
+            for s in active:
+                where[s] += 1
             for slot in self._record(nxt[active].tolist(), [owner[s] for s in active], generated, max_new_tokens,
                                      owner, active):
                 live[slot] = 0
