@@ -5,18 +5,20 @@ Every slot holds one sequence. The engine fills all slots from the prompt queue 
 then repeats one decode step over all slots at once: each slot feeds its last token at its own position,
 writes its key/value there and attends to its own keys only (a mask of positions <= the slot's position).
 Attention reads the cache up to the live span only: the furthest live slot's position rounded up to a
-multiple of `span_bucket` (a step's shapes then take one of a few values, not one per step), not the whole
-capacity, which the longest prompt plus max_new_tokens sets and most steps never reach. A slot whose sequence ended (a stop
-token or max_new_tokens) is refilled from the queue with a prefill into that slot, so the batch stays full
-until the queue runs dry. On a GPU, the decode step is captured as a CUDA graph once per span and replayed:
-its inputs (last tokens, positions) live in fixed buffers, and the weights are read where they lie, so
-weights changed in place (RandOpt's perturbations) are seen by the next replay without a new capture.
+multiple of `span_bucket` (so a step's shapes take one of a few values, not one per step), not the whole
+capacity, which the longest prompt plus max_new_tokens sets and most steps never reach. A slot whose
+sequence ended (a stop token or max_new_tokens) is refilled from the queue with a prefill into that slot, so
+the batch stays full until the queue runs dry. On a GPU, the decode step is captured as a CUDA graph once
+per span and replayed: its inputs (last tokens, positions) live in fixed buffers, and the weights are read
+where they lie, so weights changed in place (RandOpt's perturbations) are seen by the next replay without a
+new capture.
 
 Deterministic: the schedule (which prompt enters which slot when) and the span of every step are pure
-functions of the prompts and of the tokens generated, greedy selection is an argmax, and every kernel runs in
-deterministic mode; the same prompts, weights and settings give the same tokens on every run. They can differ from `hf`'s in rare near-ties:
-`hf` pads on the left and attends over exact lengths, this engine over a masked fixed capacity, and the
-different kernels round differently (`agreement` in the tests and benchmarks measures how often).
+functions of the prompts and of the tokens generated, greedy selection is an argmax, and every kernel runs
+in deterministic mode; the same prompts, weights and settings give the same tokens on every run. They can
+differ from `hf`'s in rare near-ties: `hf` pads on the left and attends over exact lengths, this engine over
+a masked span, and the different kernels round differently (`agreement` in the tests and benchmarks
+measures how often).
 """
 
 from __future__ import annotations
