@@ -285,7 +285,7 @@ def test_cli_pass_writes_json_csv_html(runs):
     assert "PASS" in page and "class='bad'" not in page
     # one green cell per (item, step), then one per (rank, step) of the per-rank matrix
     assert page.count("class='ok'") == 9 * STEPS + 4 * len(PARAMS) + WORLD * (STEPS + 1)
-    assert f"<td>1</td><td class='ok'>9/9</td>" in page
+    assert "<td>1</td><td class='ok'>9/9</td>" in page
 
 
 def test_cli_failure_is_reported_and_strict_exits_1(runs):

@@ -311,8 +311,8 @@ def compare(reference: Run, candidate: Run) -> dict[str, Any]:
                 equal, ra, cb, detail = _cell(a, b)
                 rows.append({"item": item, "step": step, "rank": rank, "equal": equal,
                              "reference": ra, "candidate": cb, "detail": detail})
-                key = str(step)
                 col = matrix.setdefault(item, {})
+                key = str(step)
                 col[key] = "equal" if equal and col.get(key, "equal") == "equal" else "different"
                 cell = rank_matrix.setdefault(str(rank), {}).setdefault(key, {"equal": 0, "different": 0})
                 cell["equal" if equal else "different"] += 1
@@ -391,9 +391,13 @@ def _ranges(xs: list[int]) -> str:
     return ",".join(out)
 
 
+def _step_columns(doc: dict[str, Any]) -> list[str]:
+    return [str(s) for s in range(doc["steps"])] + [FINAL]
+
+
 def matrix_table(doc: dict[str, Any]) -> tuple[list[str], list[list[str]], list[list[str | None]]]:
     """Header, cell texts and cell classes of the items × steps matrix."""
-    steps = [str(s) for s in range(doc["steps"])] + [FINAL]
+    steps = _step_columns(doc)
     bad_ranks: dict[tuple[str, str], list[int]] = {}
     for r in doc["rows"]:
         if not r["equal"]:
@@ -451,7 +455,7 @@ def html_page(doc: dict[str, Any]) -> str:
     page = html_table(header, texts, title=title, cell_class=lambda i, j, _: classes[i][j])
     page = page.replace("</h3>", "</h3>" + "".join(f"<p>{x}</p>" for x in lines), 1)
     # The per-rank equality matrix: items equal / compared on each rank at each step.
-    steps = [str(s) for s in range(doc["steps"])] + [FINAL]
+    steps = _step_columns(doc)
     cells = [[doc["rank_matrix"][str(r)][s] for s in steps] for r in range(doc["ranks"])]
     ranks = html_table(["rank", *steps], [[r, *(f"{c['equal']}/{c['equal'] + c['different']}" for c in row)]
                                           for r, row in enumerate(cells)],
