@@ -159,3 +159,77 @@ def test_gpu_fused_equals_eager_autograd(dname, shape, add):
     want = check_rmsnorm_gpu.eager(x, u, w, gy, gr, add)
     for name in want:
         assert bit_equal(got[name], want[name]), (name, ulp_stats(got[name], want[name]))
+
+
+# ------------------------------------------------------------------------------------------------ wiring
+
+def test_inference_calls_skip_the_autograd_function():
+    x, u, w, gy, gr = _inputs((3, 200), torch.bfloat16, seed=5)
+    with torch.no_grad():
+        y = rmsnorm.rms_norm_fused(x, w, 1e-6)
+        y2, h = rmsnorm.add_rms_norm_fused(x, u, w, 1e-6)
+    assert y.grad_fn is None and bit_equal(y, rmsnorm.rms_norm_cuda_order(x, w, 1e-6))
+    assert bit_equal(h, x + u) and bit_equal(y2, rmsnorm.rms_norm_cuda_order(x + u, w, 1e-6))
+
+
+def test_chunked_fused_norm_sums_weight_gradients_per_chunk():
+    """batched_train with fused_elementwise: dx as the statement, the weight gradient as the baseline's
+    micro-batches add it (chunk 0 stored, the next ones added in order, each rounded to bf16)."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    from workflow_src.rl.chunked_grad import chunked_parameter_grads
+
+    x, _, w, gy, _ = _inputs((6, 5, 200), torch.bfloat16, seed=11)
+    model = torch.nn.Sequential(Qwen2RMSNorm(200, eps=1e-6)).to(torch.bfloat16)
+    with torch.no_grad():
+        model[0].weight.copy_(w)
+    xr = x.clone().requires_grad_(True)
+    with chunked_parameter_grads(model, 2, fused_norm=True):
+        y = model(xr)
+        y.backward(gy)
+    assert "forward" not in model[0].__dict__
+    assert bit_equal(y, rmsnorm.rms_norm_cuda_order(x, w, 1e-6))
+    dx, _ = rmsnorm.rms_norm_backward_cuda_order(gy, x, w, 1e-6)
+    assert bit_equal(xr.grad, dx)
+    xf = x.reshape(-1, 200).float()
+    r = torch.rsqrt(rmsnorm.row_sum_cuda_order(xf * xf) * rmsnorm.mean_factor(30, 200) + 1e-6)[:, None]
+    products = (gy * (xf * r).to(torch.bfloat16).reshape(x.shape))
+    chunks = [p.sum_to_size(w.shape) for p in torch.split(products, 2)]
+    want = chunks[0]
+    for c in chunks[1:]:
+        want = want + c
+    assert bit_equal(model[0].weight.grad, want)
+    assert not bit_equal(model[0].weight.grad, products.sum_to_size(w.shape))  # one sum over all rows differs
+
+
+def test_fused_elementwise_and_chunked_patches_nest():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from workflow_src.model.fused_ops import fused_elementwise
+    from workflow_src.rl.chunked_grad import chunked_parameter_grads
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    model = Qwen2ForCausalLM(cfg)
+    norm = model.model.norm
+    with fused_elementwise(model):
+        fused_forward = norm.__dict__["forward"]
+        with chunked_parameter_grads(model, 1, fused_norm=True):
+            assert norm.__dict__["forward"] is not fused_forward
+            model(input_ids=torch.tensor([[1, 2, 3], [4, 5, 6]])).logits.sum().backward()
+        assert norm.__dict__["forward"] is fused_forward  # put back by chunked_parameter_grads
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_lean_path_takes_the_fused_norms():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from workflow_src.model.lean_qwen2 import LeanQwen2
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    model = Qwen2ForCausalLM(cfg)
+    fused, plain = LeanQwen2(model, 2, 8, fused=True), LeanQwen2(model, 2, 8)
+    assert (fused.norm, fused.add_norm) == (rmsnorm.rms_norm_fused, rmsnorm.add_rms_norm_fused)
+    assert (plain.norm, plain.add_norm) == (rmsnorm.rms_norm, rmsnorm.add_rms_norm)

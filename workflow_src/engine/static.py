@@ -31,9 +31,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..kernels.rmsnorm import add_rms_norm
 from ..model.graph_capture import safe_capture
-from ..model.lean_qwen2 import LeanQwen2, Segment, _rms
+from ..model.lean_qwen2 import LeanQwen2, Segment
 from .base import DEFAULT_PHASE, ThroughputMeter
 from .hf import stop_token_ids
 
@@ -91,7 +90,7 @@ class SlotDecoder:
         for li, layer in enumerate(lean.layers):
             attn = layer.self_attn
             residual = h
-            x = _rms(layer.input_layernorm, h)
+            x = lean.rms(layer.input_layernorm, h)
             qs = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(self.slots, 1, -1, lean.head_dim).transpose(1, 2)
             ks = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(self.slots, 1, -1, lean.head_dim).transpose(1, 2)
             vs = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(self.slots, 1, -1, lean.head_dim).transpose(1, 2)
@@ -106,11 +105,11 @@ class SlotDecoder:
                                                attn_mask=visible, scale=attn.scaling)
             o = o.reshape(self.slots, 1, -1)
             norm = layer.post_attention_layernorm
-            x, h = add_rms_norm(residual, F.linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight,
-                                norm.variance_epsilon)
+            x, h = lean.add_norm(residual, F.linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight,
+                                 norm.variance_epsilon)
             mlp = layer.mlp
             h = h + lean.mlp(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
-        return F.linear(_rms(model.model.norm, h)[:, 0], model.lm_head.weight)
+        return F.linear(lean.rms(model.model.norm, h)[:, 0], model.lm_head.weight)
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, furthest: int) -> torch.Tensor:

@@ -485,7 +485,8 @@ class RmsNorm(torch.autograd.Function):
         return dx, None, dw, None, None
 
 
-def _fusable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def fusable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the fused kernels take this input (dtype, and a row-reduction order they model)."""
     if triton is None or x.dtype not in KIND or weight.dtype not in KIND or x.dim() == 0:
         return False
     try:
@@ -499,16 +500,21 @@ def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float,
                    variant: str | RmsNormVariant | None = None) -> torch.Tensor:
     """rms_norm, fused and differentiable: eager CUDA's bits forward and backward (on a CPU the kernels,
     interpreted, give rms_norm_cuda_order's). Shapes whose order is not modelled run the eager ops."""
-    if not _fusable(x, weight):
+    if not fusable(x, weight):
         return rms_norm(x, weight, eps)
+    if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+        return rms_norm_fused_forward(x, weight, eps, None, variant)[0]  # inference: nothing to save
     return RmsNorm.apply(x, None, weight, eps, variant)
 
 
 def add_rms_norm_fused(residual: torch.Tensor, update: torch.Tensor, weight: torch.Tensor, eps: float,
                        variant: str | RmsNormVariant | None = None):
     """add_rms_norm, fused and differentiable: (normed, new residual), eager CUDA's bits both ways."""
-    if not _fusable(residual, weight) or update.shape != residual.shape or update.dtype != residual.dtype:
+    if not fusable(residual, weight) or update.shape != residual.shape or update.dtype != residual.dtype:
         return add_rms_norm(residual, update, weight, eps)
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (residual, update, weight))):
+        y, _, h = rms_norm_fused_forward(residual, weight, eps, update, variant)
+        return y, h
     return RmsNorm.apply(residual, update, weight, eps, variant)
 
 

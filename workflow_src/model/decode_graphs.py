@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .graph_capture import safe_capture
-from .lean_qwen2 import LeanQwen2, Segment, _rms
+from .lean_qwen2 import LeanQwen2, Segment
 
 
 class DecodeGraphs:
@@ -61,7 +61,7 @@ class DecodeGraphs:
 
         def last():
             h = lean._mlp_block(n - 1, self.out[n - 1][0], self.o[n - 1])
-            return (F.linear(_rms(lean.model.model.norm, h)[:, -1:, :], lean.model.lm_head.weight),)
+            return (F.linear(lean.rms(lean.model.model.norm, h)[:, -1:, :], lean.model.lm_head.weight),)
 
         return first if i == 0 else last if i == n else middle
 

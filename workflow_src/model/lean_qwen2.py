@@ -21,13 +21,9 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from ..kernels.rmsnorm import add_rms_norm, rms_norm
+from ..kernels.rmsnorm import add_rms_norm, add_rms_norm_fused, rms_norm, rms_norm_fused
 from ..kernels.rope import apply_rope, apply_rope_fused, rope_table
 from ..kernels.swiglu import swiglu_mlp, swiglu_mlp_fused
-
-
-def _rms(norm: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
-    return rms_norm(h, norm.weight, norm.variance_epsilon)
 
 
 @dataclass
@@ -45,7 +41,7 @@ class LeanQwen2:
 
     def __init__(self, model: torch.nn.Module, batch_rows: int, max_len: int, fused: bool = False,
                  graphs: bool = False, gemm_rows: int | None = None):
-        """`fused`: SiLU×up and RoPE through the bit-exact fused Triton kernels (CUDA). `graphs`: one-token
+        """`fused`: SiLU×up, RoPE and RMSNorm (with the residual add) through the bit-exact fused Triton kernels (CUDA). `graphs`: one-token
         steps run as piecewise CUDA graphs around the attention (`decode_graphs.py`; eager pieces on the CPU).
         `gemm_rows`: the projections and the MLP run per chunk of that many rows, so each GEMM has the shape a
         micro-batch of that size gives it (a GPU's GEMM kernel, and so its rounding, depends on the row count)."""
@@ -55,6 +51,8 @@ class LeanQwen2:
         self._decode_graphs: dict = {}
         self.rope = apply_rope_fused if fused else apply_rope
         self.mlp = swiglu_mlp_fused if fused else swiglu_mlp
+        self.norm = rms_norm_fused if fused else rms_norm
+        self.add_norm = add_rms_norm_fused if fused else add_rms_norm
         cfg = model.config
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.kv_heads = cfg.num_key_value_heads
@@ -103,7 +101,7 @@ class LeanQwen2:
         for li in range(len(self.layers)):
             qs, ks, vs = self._qkv(li, h, cos, sin)
             h = self._mlp_block(li, h, self._attend(li, qs, ks, vs, segments))
-        return _rms(self.model.model.norm, h)
+        return self.rms(self.model.model.norm, h)
 
     # The pieces of a forward, in order: embed, then per layer qkv → attend → mlp_block, then the final
     # norm. Only `_attend` depends on the segments' lengths (it reads and writes the cache); the others
@@ -120,7 +118,7 @@ class LeanQwen2:
         B, q = h.shape[:2]
         layer = self.layers[li]
         attn = layer.self_attn
-        x = _rms(layer.input_layernorm, h)
+        x = self.rms(layer.input_layernorm, h)
         qs = self._linear(x, attn.q_proj.weight, attn.q_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
         ks = self._linear(x, attn.k_proj.weight, attn.k_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
         vs = self._linear(x, attn.v_proj.weight, attn.v_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
@@ -147,12 +145,15 @@ class LeanQwen2:
     def _mlp_block(self, li: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         layer = self.layers[li]
         attn, norm, mlp = layer.self_attn, layer.post_attention_layernorm, layer.mlp
-        x, h = add_rms_norm(h, self._linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight,
-                            norm.variance_epsilon)
+        x, h = self.add_norm(h, self._linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight,
+                             norm.variance_epsilon)
         weights = (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
         if self.gemm_rows is None:
             return h + self.mlp(x, *weights)
         return h + torch.cat([self.mlp(x_k, *weights) for x_k in torch.split(x, self.gemm_rows)])  # row-wise
+
+    def rms(self, norm: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+        return self.norm(h, norm.weight, norm.variance_epsilon)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.gemm_rows is None:

@@ -17,6 +17,8 @@ The replicated backward formulas (PyTorch's derivatives for linear / addmm, mul 
   linear  dX_k = dY_k @ W;  dW = (dY_k)^T @ X_k;  db = sum_to(dY_k, b.shape)
   scale   dH = dY * w;  dw = sum_to(dY_k * H_k, w.shape)
   embed   dW = embedding_backward(dY_k, ids_k, num_weights, padding_idx, False, False)
+With `fused_norm` (the trainer's `fused_elementwise`), each RMSNorm runs as the fused Triton kernels
+(kernels/rmsnorm.py): their backward writes the products dY * H, which are reduced chunk by chunk as above.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from ..kernels.rmsnorm import fusable, rms_norm_fused_backward, rms_norm_fused_forward
 
 
 def accumulate_grad(param: torch.Tensor, grad: torch.Tensor) -> None:
@@ -116,8 +120,28 @@ class _Embedding(torch.autograd.Function):
         return None, None, None, None, None, None
 
 
-def _rmsnorm_forward(module, rows, sink, key):
+class _FusedRmsNorm(torch.autograd.Function):
+    """Qwen2RMSNorm through the fused kernels; the weight gradient's products dY * H summed per chunk."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, rows, sink, key):
+        y, rstd, _ = rms_norm_fused_forward(x, weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.rows, ctx.sink, ctx.key = rows, sink, key
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        dx, products = rms_norm_fused_backward(dy, x, weight, rstd)
+        ctx.sink.add(ctx.key, [p.sum_to_size(weight.shape) for p in _chunks(products, ctx.rows)])
+        return dx, None, None, None, None, None
+
+
+def _rmsnorm_forward(module, rows, sink, key, fused: bool):
     def forward(hidden_states):
+        if fused and fusable(hidden_states, module.weight):
+            return _FusedRmsNorm.apply(hidden_states, module.weight, module.variance_epsilon, rows, sink, key)
         input_dtype = hidden_states.dtype
         h = hidden_states.to(torch.float32)
         variance = h.pow(2).mean(-1, keepdim=True)
@@ -129,11 +153,13 @@ def _rmsnorm_forward(module, rows, sink, key):
 @contextmanager
 def chunked_parameter_grads(model: torch.nn.Module, rows: int,
                             accumulate: Callable[[torch.Tensor, torch.Tensor], None] = accumulate_grad,
-                            chunk_gemms: bool = False):
+                            chunk_gemms: bool = False, fused_norm: bool = False):
     """Within the block, `model`'s forward hands parameter gradients per `rows`-row chunk (dim 0) to
     `accumulate(param, grad)`, chunk by chunk (default: into `param.grad`, as autograd would).
     `chunk_gemms`: the forward GEMMs run per chunk too (the backward's always do), for GPUs whose GEMM
-    kernels, and so their roundings, depend on the row count; only the other ops see the whole batch."""
+    kernels, and so their roundings, depend on the row count; only the other ops see the whole batch.
+    `fused_norm`: RMSNorms through the fused kernels (CUDA: eager's bits). A forward already set on a module
+    (another patch, e.g. fused_ops') is put back on exit."""
     patched, covered, uses = [], set(), Counter()
     found = []
     for module in model.modules():
@@ -159,8 +185,8 @@ def chunked_parameter_grads(model: torch.nn.Module, rows: int,
             fwd = (lambda m, k: lambda ids: _Embedding.apply(ids, m.weight, m.padding_idx, rows, sink, k))(
                 module, module.weight)
         else:
-            fwd = _rmsnorm_forward(module, rows, sink, module.weight)
-        patched.append(module)
+            fwd = _rmsnorm_forward(module, rows, sink, module.weight, fused_norm)
+        patched.append((module, module.__dict__.get("forward")))
         module.forward = fwd
     missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in covered]
     try:
@@ -170,5 +196,8 @@ def chunked_parameter_grads(model: torch.nn.Module, rows: int,
         if sink.pending:
             raise RuntimeError("chunked_parameter_grads: a shared parameter got fewer gradients than it has uses")
     finally:
-        for module in patched:
-            del module.forward  # back to the class's forward
+        for module, before in patched:
+            if before is None:
+                del module.forward  # back to the class's forward
+            else:
+                module.forward = before

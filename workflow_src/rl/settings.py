@@ -16,8 +16,8 @@ SWITCHES: dict[str, str] = {
     "reward_overlap": "rewards are submitted before the reference forward and resolved before the advantages",
     "batched_train": "the micro-batches of one (group, round) share one forward/backward; parameter gradients "
                      "are still reduced per micro-batch and added in micro-batch order",
-    "fused_elementwise": "SiLU×up and RoPE, forward and backward, as single Triton kernels that reproduce eager "
-                         "PyTorch's rounding (CUDA only)",
+    "fused_elementwise": "SiLU×up, RoPE and RMSNorm (with the residual add), forward and backward, as single "
+                         "Triton kernels that reproduce eager PyTorch's rounding and reduction order (CUDA only)",
     "graph_decode": "one-token decode steps as CUDA graphs cut at the attention calls, which stay eager (on the "
                     "CPU the same pieces run eagerly)",
 }

@@ -322,7 +322,7 @@ class Trainer:
             self.policy.reshard()
             accumulate = reduce_scatter_accumulate
         with chunked_parameter_grads(self.policy, n, accumulate=accumulate,
-                                     chunk_gemms=self.chunk_gemms):
+                                     chunk_gemms=self.chunk_gemms, fused_norm=self.fused):
             logits = self.policy(input_ids=b.ids).logits
             losses = []
             # What follows the logits runs per micro-batch, as in the baseline: its row reductions (log-softmax,
