@@ -362,3 +362,10 @@ def test_jitted_copies_keep_their_compile_time_constants():
             original = getattr(swiglu, k.fn.__name__, None) or getattr(rope, k.fn.__name__)
             want = [n for n, a in original.__annotations__.items() if "constexpr" in str(a)]
             assert want and [p.name for p in k.params if p.is_constexpr] == want, k.fn.__name__
+
+
+def test_graph_timing_needs_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only check")
+    with pytest.raises(RuntimeError, match="needs CUDA"):
+        check_fused_gpu.graph_timed_ms(lambda: None, 1)

@@ -30,6 +30,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ..model.graph_capture import safe_capture
 from . import rope, swiglu
 from .common import DTYPES
 
@@ -91,6 +92,35 @@ def timed_ms(fn, device: str, repeats: int, warmup: int | None = None) -> float:
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def graph_timed_ms(fn, repeats: int, warmup: int = 3) -> float:
+    """Median ms of replaying fn() captured as one CUDA graph: the device time of its kernels without the
+    host's launch costs (what fn costs inside a captured step). Warm-up on a side stream, as capture needs;
+    CUDA only."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("graph timing needs CUDA")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with safe_capture(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    del graph
     return statistics.median(times)
 
 

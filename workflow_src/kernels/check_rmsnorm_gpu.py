@@ -28,7 +28,7 @@ import torch
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
 from . import rmsnorm
-from .check_fused_gpu import timed_ms, ulp_stats
+from .check_fused_gpu import graph_timed_ms, timed_ms, ulp_stats
 from .common import DTYPES
 
 EPS = 1e-6
@@ -162,7 +162,8 @@ def check_norm(shape, dname: str, add: bool, device: str, repeats: int, on_gpu: 
 
 def timings(x, upd, w, gy, add: bool, device: str, repeats: int) -> dict:
     """Median ms of the forward alone (no autograd) and of one forward + backward, eager vs fused, on
-    tensors and a module made once (what a training step pays per norm)."""
+    tensors and a module made once: per call from Python (what an uncaptured training step pays per norm)
+    and, on CUDA, as replays of each call captured in a CUDA graph (the kernels' device time alone)."""
     norm = Qwen2RMSNorm(w.shape[0], eps=EPS).to(device=x.device, dtype=w.dtype)
     with torch.no_grad():
         norm.weight.copy_(w)
@@ -184,10 +185,17 @@ def timings(x, upd, w, gy, add: bool, device: str, repeats: int) -> dict:
         y = rmsnorm.add_rms_norm_fused(xr, ur, wr, EPS)[0] if add else rmsnorm.rms_norm_fused(xr, wr, EPS)
         y.backward(gy)
 
-    ms = {"eager_fwd": timed_ms(eager_fwd, device, repeats), "fused_fwd": timed_ms(fused_fwd, device, repeats),
-          "eager_step": timed_ms(eager_step, device, repeats), "fused_step": timed_ms(fused_step, device, repeats)}
+    calls = {"eager_fwd": eager_fwd, "fused_fwd": fused_fwd, "eager_step": eager_step, "fused_step": fused_step}
+    ms = {name: timed_ms(fn, device, repeats) for name, fn in calls.items()}
     ms["fwd_speedup"] = ms["eager_fwd"] / ms["fused_fwd"]
     ms["step_speedup"] = ms["eager_step"] / ms["fused_step"]
+    if device.startswith("cuda"):  # the kernels alone: each call captured as a CUDA graph and replayed
+        try:
+            graph = {name: graph_timed_ms(fn, repeats) for name, fn in calls.items()}
+            ms["graph"] = {**graph, "fwd_speedup": graph["eager_fwd"] / graph["fused_fwd"],
+                           "step_speedup": graph["eager_step"] / graph["fused_step"]}
+        except Exception as e:
+            ms["graph_error"] = f"{type(e).__name__}: {e}"
     return ms
 
 
@@ -239,7 +247,10 @@ def main(argv: list[str] | None = None) -> int:
               f"bit-equal variants: {', '.join(eq) or '-'}; Function "
               f"{'bit-equal' if n['autograd_function']['bit_equal'] else 'DIFFERS'}; fwd eager "
               f"{n['ms']['eager_fwd']:.3f} / fused {n['ms']['fused_fwd']:.3f} ms, fwd+bwd eager "
-              f"{n['ms']['eager_step']:.3f} / fused {n['ms']['fused_step']:.3f} ms",
+              f"{n['ms']['eager_step']:.3f} / fused {n['ms']['fused_step']:.3f} ms"
+              + (f"; graph replay fwd {n['ms']['graph']['eager_fwd']:.4f} / {n['ms']['graph']['fused_fwd']:.4f}, "
+                 f"fwd+bwd {n['ms']['graph']['eager_step']:.4f} / {n['ms']['graph']['fused_step']:.4f} ms"
+                 if "graph" in n["ms"] else ""),
               flush=True)
     print(f"order holds: {doc['order_holds']}; defaults bit-equal: {doc['defaults_bit_equal']} "
           f"(against {'eager' if on_gpu else 'the torch statement'}); {doc['seconds']:.1f} s; wrote {a.out}")

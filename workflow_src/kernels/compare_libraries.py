@@ -51,7 +51,9 @@ repeats, which does not change the time of an elementwise or row-norm kernel. Th
 inputs that need no gradient (torch.compile: its inference graph), the step on fresh leaves each call.
 The eager row compares eager with itself (run-to-run determinism). At these sizes a kernel takes
 tens of microseconds, about what launching a Triton kernel from Python costs the host: the times per
-call include that overhead (as a training step without CUDA graphs pays it), not the kernels' alone.
+call (`ms`) include that overhead (as a training step without CUDA graphs pays it). On CUDA `graph_ms`
+times the same calls captured once as a CUDA graph and replayed: the kernels' device time alone (what a
+captured step pays); a call that cannot be captured records `graph_error` instead.
 `--small` shrinks the sizes so that it also runs on a CPU, where our kernels go through the Triton
 interpreter: there exp is numpy's (SiLU not expected bit-equal) and the timings mean nothing.
 `--budget-s` records the remaining cases as skipped once the run has taken longer.
@@ -79,7 +81,7 @@ from typing import Callable
 import torch
 
 from . import rmsnorm, rope, swiglu
-from .check_fused_gpu import timed_ms, ulp_stats
+from .check_fused_gpu import graph_timed_ms, timed_ms, ulp_stats
 from .common import DTYPES
 
 FORMAT = "speedproof.library-comparison/1"
@@ -284,6 +286,13 @@ def measure(op: Operator, fn: Callable, args: tuple, upstream: tuple, want: dict
                        "step": timed_ms(lambda: _step(fn, t_args, t_up, n), device, repeats)}
     except Exception as e:
         entry.update(status="error", stage=stage, error=_error(e))
+        return entry
+    if device.startswith("cuda"):  # the kernels alone: replays of a captured graph, no launch costs
+        try:
+            entry["graph_ms"] = {"fwd": graph_timed_ms(lambda: fn(*t_args), repeats),
+                                 "step": graph_timed_ms(lambda: _step(fn, t_args, t_up, n), repeats)}
+        except Exception as e:
+            entry["graph_error"] = _error(e)
     return entry
 
 
@@ -318,10 +327,11 @@ def run_case(op_name: str, dname: str, sizes: dict, opts: dict, deadline: float)
         if name == "torch.compile" and "first_call_s" in entry:
             entry["compile_s"] = entry["first_call_s"]  # first calls: compilation plus one run
         case["impls"][name] = entry
-    eager_ms = case["impls"].get("eager", {}).get("ms")
-    for entry in case["impls"].values():
-        if eager_ms and "ms" in entry:
-            entry["speedup"] = {k: eager_ms[k] / v if v > 0 else None for k, v in entry["ms"].items()}
+    for key, out in (("ms", "speedup"), ("graph_ms", "graph_speedup")):
+        eager_ms = case["impls"].get("eager", {}).get(key)
+        for entry in case["impls"].values():
+            if eager_ms and key in entry:
+                entry[out] = {k: eager_ms[k] / v if v > 0 else None for k, v in entry[key].items()}
     return case
 
 
@@ -340,6 +350,10 @@ def summarize(results: dict) -> list[dict]:
                              "fwd_ms": e.get("ms", {}).get("fwd"), "step_ms": e.get("ms", {}).get("step"),
                              "fwd_speedup": e.get("speedup", {}).get("fwd"),
                              "step_speedup": e.get("speedup", {}).get("step"),
+                             "graph_fwd_ms": e.get("graph_ms", {}).get("fwd"),
+                             "graph_step_ms": e.get("graph_ms", {}).get("step"),
+                             "graph_fwd_speedup": e.get("graph_speedup", {}).get("fwd"),
+                             "graph_step_speedup": e.get("graph_speedup", {}).get("step"),
                              "note": e.get("reason") or e.get("error")})
             if "error" in case:
                 rows.append({"operator": op_name, "dtype": dname, "impl": "-", "status": "error",
@@ -353,7 +367,7 @@ def _num(v, fmt: str) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = [f"{'operator':13s} {'dtype':5s} {'impl':14s} {'status':7s} {'bits':>22s} {'fwd ms':>9s} {'x':>6s} "
-             f"{'step ms':>9s} {'x':>6s}"]
+             f"{'step ms':>9s} {'x':>6s} {'graph fwd':>9s} {'x':>6s} {'graph step':>10s} {'x':>6s}"]
     for r in rows:
         if r["status"] != "ok":
             note = (r.get("note") or "").splitlines()[0][:70] if r.get("note") else ""
@@ -362,7 +376,9 @@ def table(rows: list[dict]) -> str:
         bits = "bit-equal" if r["bit_equal"] else f"{r['n_diff']} differ, {r['max_ulp']} ulp"
         lines.append(f"{r['operator']:13s} {r['dtype']:5s} {r['impl']:14s} {r['status']:7s} {bits:>22s} "
                      f"{_num(r['fwd_ms'], '9.4f')} {_num(r['fwd_speedup'], '6.2f')} "
-                     f"{_num(r['step_ms'], '9.4f')} {_num(r['step_speedup'], '6.2f')}")
+                     f"{_num(r['step_ms'], '9.4f')} {_num(r['step_speedup'], '6.2f')} "
+                     f"{_num(r['graph_fwd_ms'], '9.4f')} {_num(r['graph_fwd_speedup'], '6.2f')} "
+                     f"{_num(r['graph_step_ms'], '10.4f')} {_num(r['graph_step_speedup'], '6.2f')}")
     return "\n".join(lines)
 
 
