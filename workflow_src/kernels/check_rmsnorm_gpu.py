@@ -3,7 +3,7 @@
 with and without the residual add, in fp32 and bf16, at Qwen2.5 sizes; and their time against eager.
 
     python -m workflow_src.kernels.check_rmsnorm_gpu --out rmsnorm_check.json [--small] [--device cuda|cpu]
-        [--repeats 20] [--strict]
+        [--repeats 20] [--strict] [--dump sums.safetensors]
 
 Three layers, each compared bit for bit (ulp_stats) on the same inputs:
   1. `order`: x.sum(-1) and x.mean(-1) by ATen against row_sum_cuda_order (and, as a control that the
@@ -14,6 +14,9 @@ Three layers, each compared bit for bit (ulp_stats) on the same inputs:
 On a CPU (`--small`, the Triton interpreter) eager PyTorch sums in its own order, so layers 1-3 are
 compared with the torch statement instead of eager (`reference: statement`): that is what the CPU tests
 claim. `--strict` exits 1 unless the default variant and the autograd.Function are bit-equal everywhere.
+Times: per call from Python, and on CUDA also as CUDA-graph replays (`ms.graph`: the kernels alone).
+`--dump` writes layer 1's inputs with ATen's sums and means, to fit the statement off the device when a
+torch version reduces otherwise (tests/data/cuda_row_sums.safetensors is a subset of such a dump).
 """
 
 from __future__ import annotations
