@@ -29,7 +29,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
 from .common import DTYPES, Case, strided
 from .swiglu import (_HELPERS, KIND, _load_f32, _round, _round_mid, _store, bits_view, check_dtype, jit_in_mode,
-                     libdevice, resolve_interpret, tl, triton)
+                     libdevice, pick_variant, resolve_interpret, tl, triton)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -369,13 +369,7 @@ RMSNORM_VARIANTS = {
 
 
 def rmsnorm_variant(variant: str | RmsNormVariant | None) -> RmsNormVariant:
-    if variant is None:
-        variant = DEFAULT_RMSNORM_VARIANT
-    if isinstance(variant, str):
-        if variant not in RMSNORM_VARIANTS:
-            raise ValueError(f"unknown rmsnorm variant {variant!r}; known {sorted(RMSNORM_VARIANTS)}")
-        return RMSNORM_VARIANTS[variant]
-    return variant
+    return pick_variant("rmsnorm", variant, RMSNORM_VARIANTS, DEFAULT_RMSNORM_VARIANT)
 
 
 NUM_WARPS = 4

@@ -38,7 +38,8 @@ from transformers import Qwen2Config
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding, apply_rotary_pos_emb
 
 from .common import DTYPES, Case, strided
-from .swiglu import _load_f32, _round_mid, _store, bits_view, check_dtype, jit_in_mode, resolve_interpret
+from .swiglu import (_load_f32, _round_mid, _store, bits_view, check_dtype, jit_in_mode, pick_variant,
+                     resolve_interpret)
 
 try:
     import triton
@@ -88,13 +89,7 @@ ROPE_VARIANTS = {
 
 
 def rope_variant(variant: str | RopeVariant | None) -> RopeVariant:
-    if variant is None:
-        variant = DEFAULT_ROPE_VARIANT
-    if isinstance(variant, str):
-        if variant not in ROPE_VARIANTS:
-            raise ValueError(f"unknown rope variant {variant!r}; known {sorted(ROPE_VARIANTS)}")
-        return ROPE_VARIANTS[variant]
-    return variant
+    return pick_variant("rope", variant, ROPE_VARIANTS, DEFAULT_ROPE_VARIANT)
 
 
 def _rope_fwd_body(x_ptr, cos_ptr, sin_ptr, out_ptr, n_rows, H, T, half,

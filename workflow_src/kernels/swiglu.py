@@ -244,14 +244,19 @@ SILU_MUL_VARIANTS = {
 }
 
 
-def silu_mul_variant(variant: str | SiluMulVariant | None) -> SiluMulVariant:
+def pick_variant(kernel: str, variant, table: dict, default: str):
+    """A kernel's variant: a name from `table` (None: `default`), or a variant object passed through."""
     if variant is None:
-        variant = DEFAULT_SILU_MUL_VARIANT
+        variant = default
     if isinstance(variant, str):
-        if variant not in SILU_MUL_VARIANTS:
-            raise ValueError(f"unknown silu_mul variant {variant!r}; known {sorted(SILU_MUL_VARIANTS)}")
-        return SILU_MUL_VARIANTS[variant]
+        if variant not in table:
+            raise ValueError(f"unknown {kernel} variant {variant!r}; known {sorted(table)}")
+        return table[variant]
     return variant
+
+
+def silu_mul_variant(variant: str | SiluMulVariant | None) -> SiluMulVariant:
+    return pick_variant("silu_mul", variant, SILU_MUL_VARIANTS, DEFAULT_SILU_MUL_VARIANT)
 
 
 def _silu_mul_fwd_body(gate_ptr, up_ptr, out_ptr, cols, s_gate, s_up, s_out,
