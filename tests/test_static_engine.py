@@ -103,16 +103,38 @@ def test_bad_input_is_refused(model_and_tokenizer):
         StaticEngine(model, tok, 2).generate(["1+2="], 0)
 
 
+def test_triton_decode_attention_agrees_with_sdpa(model_and_tokenizer, prompts):
+    """The decode-attention kernel (interpreted here) in place of SDPA: same answers on this model, the same
+    on every run, and one span (each slot stops at its own position)."""
+    model, tok = model_and_tokenizer
+    sdpa = StaticEngine(model, tok, 4).generate(prompts[:4], 8)
+    engine = StaticEngine(model, tok, 4, attention="triton")
+    got = engine.generate(prompts[:4], 8)
+    assert sum(a == b for a, b in zip(got, sdpa)) / len(got) >= 0.9, (got, sdpa)
+    assert engine.generate(prompts[:4], 8) == got
+    assert engine._decoder.span(0) == engine._decoder.capacity
+    from workflow_src.engine.attention import attention_backend  # what the records say
+    assert attention_backend(engine)["decode"] == "triton:kernels/decode_attention.py"
+    assert attention_backend(StaticEngine(model, tok, 4))["decode"] == "sdpa"  # the CPU default
+    assert "decode" not in attention_backend(HFEngine(model, tok, 4))
+    with pytest.raises(ValueError, match="attention"):
+        StaticEngine(model, tok, 2, attention="flash")
+
+
 @pytest.mark.gpu
 @gpu
-def test_graph_replay_equals_eager_decode(model_and_tokenizer, prompts):
+@pytest.mark.parametrize("attention", ["sdpa", "triton"])
+def test_graph_replay_equals_eager_decode(model_and_tokenizer, prompts, attention):
+    """On a GPU the defaults are the fused kernels and packed projections; with either attention."""
     model, tok = model_and_tokenizer
     model = model.to("cuda")
     try:
-        eager = StaticEngine(model, tok, 8, graphs=False, span_bucket=8).generate(prompts, 20)
-        graphed = StaticEngine(model, tok, 8, graphs=True, span_bucket=8)
+        eager = StaticEngine(model, tok, 8, graphs=False, span_bucket=8, attention=attention).generate(prompts, 20)
+        graphed = StaticEngine(model, tok, 8, graphs=True, span_bucket=8, attention=attention)
+        assert graphed._decoder is None or graphed.fused and graphed.packed
         assert graphed.generate(prompts, 20) == eager
-        assert len(graphed._decoder._graphs) > 1  # one graph per span reached
+        # sdpa: one graph per span reached; triton: one graph for every step
+        assert (len(graphed._decoder._graphs) > 1) == (attention == "sdpa")
         assert graphed.generate(prompts, 20) == eager  # replayed again, weights read in place
     finally:
         model.to("cpu")
@@ -134,3 +156,24 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
     assert prof["clock"] == "host" and prof["new_tokens"] == 3 and prof["total_ms"] > 0
     assert prof["top"] and all(r["ms"] > 0 and r["calls"] >= 1 for r in prof["top"])
     assert any("linear" in r["op"] or "mm" in r["op"] for r in prof["top"])  # the GEMMs are in there
+
+
+def test_decode_steps_cli_times_variants_and_compares_their_logits(tmp_path):
+    import json
+    from workflow_src.engine.decode_steps import main, variant_options
+    out = tmp_path / "steps.json"
+    main(["--tiny", "--shape", "0.5B", "--batch", "3", "--prompt-chars", "10", "--new-tokens", "20", "--reps", "2",
+          "--device", "cpu", "--variants", "plain", "packed", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["spans"] == [doc["capacity"]] and doc["slots"] == 3
+    for name, row in doc["variants"].items():
+        span = str(doc["capacity"])
+        assert row["step_ms"][span] > 0 and row["loop_ms"][span] > 0
+        kernels = row["kernels"]
+        assert kernels["clock"] == "host" and kernels["categories_ms_per_step"]["gemm"] > 0
+    assert doc["variants"]["plain"]["logits_equal_to_first"] == {str(doc["capacity"]): True}
+    assert variant_options("fused+packed+triton") == {"fused": True, "packed": True, "attention": "triton"}
+    with pytest.raises(ValueError):
+        variant_options("plain+fused")
+    with pytest.raises(SystemExit):  # packing is for good: unpacked variants first
+        main(["--tiny", "--device", "cpu", "--variants", "packed", "plain", "--out", str(out)])

@@ -16,8 +16,10 @@ among near-equal logits, so agreement here says little; the CPU tests measure it
 `--profile N` then profiles N new tokens of the static engine on the last shape with the torch profiler,
 eager (kernels inside a replayed CUDA graph are not attributed one by one), and records the ops that took the
 most device (CPU: host) time: where a decode step goes, as a guide to the next optimization.
-`--engines` takes engine names, and `static:span=N` for the static engine with span_bucket N (a huge N
-attends over the whole cache capacity, as the engine did before it read only the live span).
+`--engines` takes engine names, and `static:key=value,...` for the static engine with other options: `span=N`
+(span_bucket N; a huge N attends over the whole cache capacity), `fused=0|1`, `packed=0|1`, `attention=sdpa|triton`,
+`graphs=0|1` (StaticEngine's arguments; unnamed ones keep its defaults). Packing re-lays out the model's
+weights for good: list engines that do not pack before those that do.
 `--tiny` swaps the shapes for a two-layer stand-in (for the CPU tests).
 """
 
@@ -75,11 +77,29 @@ def random_prompts(n: int, chars: int, seed: int = 0) -> list[str]:
     return ["".join(rng.choice(letters) for _ in range(chars)) for _ in range(n)]
 
 
+STATIC_OPTIONS = {"span": ("span_bucket", int), "fused": ("fused", lambda v: bool(int(v))),
+                  "packed": ("packed", lambda v: bool(int(v))), "graphs": ("graphs", lambda v: bool(int(v))),
+                  "attention": ("attention", str)}
+
+
+def static_options(label: str) -> dict:
+    """StaticEngine keyword arguments of a label `static:span=N,fused=1,packed=1,graphs=0,attention=sdpa`
+    (any subset; the rest keep StaticEngine's defaults)."""
+    options = {}
+    for item in filter(None, label.split(":", 1)[1].split(",")):
+        key, _, value = item.partition("=")
+        if key not in STATIC_OPTIONS or not value:
+            raise ValueError(f"engine label {label!r}: options are {sorted(STATIC_OPTIONS)} as key=value")
+        name, parse = STATIC_OPTIONS[key]
+        options[name] = parse(value)
+    return options
+
+
 def bench_engine(label: str, model, tok, batch: int, meter: ThroughputMeter):
-    """An engine by name, or `static:span=N`: the static engine with span_bucket N."""
-    if label.startswith("static:span="):
+    """An engine by name, or `static:key=value,...`: the static engine with those options (static_options)."""
+    if label.startswith("static:"):
         from .static import StaticEngine
-        return StaticEngine(model, tok, batch, meter=meter, span_bucket=int(label.split("=", 1)[1]))
+        return StaticEngine(model, tok, batch, meter=meter, **static_options(label))
     return make_engine(label, model, tok, batch, meter=meter)
 
 
@@ -129,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
                 first = (name, completions, res["gen_tokens_per_s"])
             res["ratio_to_" + first[0]] = res["gen_tokens_per_s"] / first[2]
             res["agreement_with_" + first[0]] = sum(x == y for x, y in zip(completions, first[1])) / len(prompts)
+            res["attention"] = attention_backend(engine)
             row["engines"][name] = res
             print(f"{shape:>5} {name:>16}: {res['gen_tokens_per_s']:,.0f} gen-tok/s "
                   f"({res['ratio_to_' + first[0]]:.2f}x {first[0]})", flush=True)

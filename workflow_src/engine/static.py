@@ -3,22 +3,25 @@
 Every slot holds one sequence. The engine fills all slots from the prompt queue with one batched prefill
 (prompts right-padded to the longest: attention is causal, so a row's real tokens never see its padding),
 then repeats one decode step over all slots at once: each slot feeds its last token at its own position,
-writes its key/value there and attends to its own keys only (a mask of positions <= the slot's position).
-Attention reads the cache up to the live span only: the furthest live slot's position rounded up to a
-multiple of `span_bucket` (so a step's shapes take one of a few values, not one per step), not the whole
-capacity, which the longest prompt plus max_new_tokens sets and most steps never reach. A slot whose
-sequence ended (a stop token or max_new_tokens) is refilled from the queue with a prefill into that slot, so
-the batch stays full until the queue runs dry. On a GPU, the decode step is captured as a CUDA graph once
-per span and replayed: its inputs (last tokens, positions) live in fixed buffers, and the weights are read
-where they lie, so weights changed in place (RandOpt's perturbations) are seen by the next replay without a
-new capture.
+writes its key/value there and attends to its own keys only. Two attention paths: `sdpa` (torch SDPA with a
+mask of positions <= the slot's position, over the live span only: the furthest live slot's position rounded
+up to a multiple of `span_bucket`, so a step's shapes take one of a few values, not the whole capacity that
+the longest prompt plus max_new_tokens sets) and `triton` (kernels/decode_attention.py: each slot's keys up
+to its own position, read from device memory, so one shape serves every step). A slot whose sequence ended
+(a stop token or max_new_tokens) is refilled from the queue with a prefill into that slot, so the batch stays
+full until the queue runs dry. On a GPU, the decode step is captured as a CUDA graph (once per span with
+`sdpa`, once with `triton`) and replayed: its inputs (last tokens, positions) live in fixed buffers, and the
+weights are read where they lie, so weights changed in place (RandOpt's perturbations) are seen by the next
+replay without a new capture. On a GPU the engine also uses, by default, the fused RMSNorm / RoPE / SiLU×up
+kernels (bit-equal to the eager ops) and q/k/v and gate/up packed into one GEMM each
+(model/packed_projections.py).
 
 Deterministic: the schedule (which prompt enters which slot when) and the span of every step are pure
 functions of the prompts and of the tokens generated, greedy selection is an argmax, and every kernel runs
 in deterministic mode; the same prompts, weights and settings give the same tokens on every run. They can
 differ from `hf`'s in rare near-ties: `hf` pads on the left and attends over exact lengths, this engine over
-a masked span, and the different kernels round differently (`agreement` in the tests and benchmarks
-measures how often).
+a masked span or with its own kernel, packed GEMMs and other kernels round differently (`agreement` in the
+tests and benchmarks measures how often).
 """
 
 from __future__ import annotations
@@ -31,22 +34,38 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..kernels.decode_attention import decode_attention
+from ..kernels.swiglu import silu_mul
 from ..model.graph_capture import safe_capture
 from ..model.lean_qwen2 import LeanQwen2, Segment
+from ..model.packed_projections import pack_projections
 from .base import DEFAULT_PHASE, ThroughputMeter
 from .hf import stop_token_ids
+
+
+ATTENTION = ("sdpa", "triton")
 
 
 class SlotDecoder:
     """The model over `slots` cache rows of `capacity` positions: batched prefill into chosen slots and one
     decode step over every slot (optionally as a CUDA graph)."""
 
-    def __init__(self, model: PreTrainedModel, slots: int, capacity: int, graphs: bool, span_bucket: int = 128):
-        self.lean = LeanQwen2(model, slots, capacity)
+    def __init__(self, model: PreTrainedModel, slots: int, capacity: int, graphs: bool, span_bucket: int = 128,
+                 fused: bool = False, packed: bool = False, attention: str = "sdpa"):
+        """`fused`: RMSNorm (+ residual add), RoPE and SiLU×up through the fused Triton kernels (bit-equal to the
+        eager ops, so the tokens do not change; CUDA). `packed`: q/k/v and gate/up each as one GEMM over
+        packed weights (`model/packed_projections.py`; a wider GEMM may round differently). `attention`:
+        `sdpa` (torch SDPA over the live span with a mask; one graph per span) or `triton`
+        (`kernels/decode_attention.py`: each slot reads its keys up to its own position; one graph)."""
+        if attention not in ATTENTION:
+            raise ValueError(f"static engine: attention {attention!r}; known: {list(ATTENTION)}")
+        self.lean = LeanQwen2(model, slots, capacity, fused=fused)
         for k, v in zip(self.lean.k, self.lean.v):  # masked keys still meet the values: no NaN garbage there
             k.zero_()
             v.zero_()
         self.model, self.slots, self.capacity, self.span_bucket = model, slots, capacity, span_bucket
+        self.fused, self.attention = fused, attention
+        self.packed = pack_projections(model) if packed else None
         device = model.model.embed_tokens.weight.device
         self.tokens = torch.zeros(slots, dtype=torch.long, device=device)
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)
@@ -77,6 +96,8 @@ class SlotDecoder:
 
     def span(self, furthest: int) -> int:
         """Cache positions a step reads when the furthest live slot is at position `furthest`."""
+        if self.attention == "triton":  # the kernel stops at each slot's own position
+            return self.capacity
         return min(self.capacity, -(-(furthest + 1) // self.span_bucket) * self.span_bucket)
 
     def _step(self, span: int) -> torch.Tensor:
@@ -86,14 +107,18 @@ class SlotDecoder:
         pos = self.positions
         h = F.embedding(self.tokens[:, None], model.model.embed_tokens.weight)
         cos, sin = lean.cos[pos][:, None, None, :], lean.sin[pos][:, None, None, :]
-        visible = (self.key_index[None, :span] <= pos[:, None])[:, None, None, :]  # [slots, 1, 1, span]
+        if self.attention == "sdpa":
+            visible = (self.key_index[None, :span] <= pos[:, None])[:, None, None, :]  # [slots, 1, 1, span]
         for li, layer in enumerate(lean.layers):
             attn = layer.self_attn
             residual = h
             x = lean.rms(layer.input_layernorm, h)
-            qs = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(self.slots, 1, -1, lean.head_dim).transpose(1, 2)
-            ks = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(self.slots, 1, -1, lean.head_dim).transpose(1, 2)
-            vs = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(self.slots, 1, -1, lean.head_dim).transpose(1, 2)
+            if self.packed is None:
+                qkv = (F.linear(x, m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
+            else:
+                pl = self.packed[li]
+                qkv = F.linear(x, pl.qkv_weight, pl.qkv_bias).split(pl.qkv_sizes, dim=-1)
+            qs, ks, vs = (t.view(self.slots, 1, -1, lean.head_dim).transpose(1, 2) for t in qkv)
             qs, ks = lean.rope(qs, ks, cos, sin)
             lean.k[li][self.rows, :, pos] = ks[:, :, 0]
             lean.v[li][self.rows, :, pos] = vs[:, :, 0]
@@ -101,14 +126,22 @@ class SlotDecoder:
             # as it lies: with a mask, transformers' SDPA path would first copy every KV head
             # `heads / kv_heads` times over the whole capacity (repeat_kv), at 7B the bulk of a step.
             q = qs.reshape(self.slots, lean.k[li].shape[1], -1, lean.head_dim)
-            o = F.scaled_dot_product_attention(q, lean.k[li][:, :, :span], lean.v[li][:, :, :span],
-                                               attn_mask=visible, scale=attn.scaling)
+            if self.attention == "triton":
+                o = decode_attention(q, lean.k[li], lean.v[li], pos, attn.scaling)
+            else:
+                o = F.scaled_dot_product_attention(q, lean.k[li][:, :, :span], lean.v[li][:, :, :span],
+                                                   attn_mask=visible, scale=attn.scaling)
             o = o.reshape(self.slots, 1, -1)
             norm = layer.post_attention_layernorm
             x, h = lean.add_norm(residual, F.linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight,
                                  norm.variance_epsilon)
             mlp = layer.mlp
-            h = h + lean.mlp(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+            if self.packed is None:
+                h = h + lean.mlp(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+            else:
+                gate, up = F.linear(x, self.packed[li].gate_up_weight).split(self.packed[li].gate_up_sizes, dim=-1)
+                act = silu_mul(gate, up) if self.fused else F.silu(gate) * up
+                h = h + F.linear(act, mlp.down_proj.weight)
         return F.linear(lean.rms(model.model.norm, h)[:, 0], model.lm_head.weight)
 
     @torch.no_grad()
@@ -148,16 +181,33 @@ class StaticEngine:
     name = "static"
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int,
-                 meter: ThroughputMeter | None = None, progress=None, graphs: bool = True, span_bucket: int = 128):
+                 meter: ThroughputMeter | None = None, progress=None, graphs: bool = True, span_bucket: int = 128,
+                 fused: bool | None = None, packed: bool | None = None, attention: str | None = None):
+        """`fused`, `packed`, `attention`: SlotDecoder's options; None (the default) chooses, where the model is
+        on a GPU, fused, packed and `triton` (faster there: docs/benchmarks/2026-12-01-h200-engine-decode.md),
+        and on the CPU none of them and `sdpa` (the kernels would run in Triton's interpreter). Packing
+        happens here, before anyone (a Perturber) holds the weights' storage."""
         if batch_size < 1:
             raise ValueError(f"static engine: batch_size must be >= 1, got {batch_size}")
         if span_bucket < 1:
             raise ValueError(f"static engine: span_bucket must be >= 1, got {span_bucket}")
         self.model, self.tokenizer, self.batch_size, self.span_bucket = model, tokenizer, batch_size, span_bucket
         self.meter = meter if meter is not None else ThroughputMeter()
+        on_gpu = model.model.embed_tokens.weight.device.type == "cuda"
+        self.fused = on_gpu if fused is None else fused
+        self.packed = on_gpu if packed is None else packed
+        self.attention = ("triton" if on_gpu else "sdpa") if attention is None else attention
+        if self.attention not in ATTENTION:
+            raise ValueError(f"static engine: attention {attention!r}; known: {list(ATTENTION)}")
         self.progress, self.graphs = progress, graphs
+        if self.packed:
+            pack_projections(model)
         self.stops = stop_token_ids(model, tokenizer)
         self._decoder: SlotDecoder | None = None
+
+    def attention_info(self) -> dict:
+        """The decode steps' attention, for records (engine/attention.py); prefills use SDPA."""
+        return {"decode": "triton:kernels/decode_attention.py" if self.attention == "triton" else "sdpa"}
 
     def _decoder_for(self, capacity: int) -> SlotDecoder:
         """The decoder (and its captured graph) is kept while the capacity suffices: weights are read in place."""
@@ -166,7 +216,8 @@ class StaticEngine:
             raise ValueError(f"static engine: prompt + max_new_tokens needs {capacity} positions; the model has "
                              f"{limit}")
         if self._decoder is None or self._decoder.capacity < capacity:
-            self._decoder = SlotDecoder(self.model, self.batch_size, capacity, self.graphs, self.span_bucket)
+            self._decoder = SlotDecoder(self.model, self.batch_size, capacity, self.graphs, self.span_bucket,
+                                        fused=self.fused, packed=self.packed, attention=self.attention)
         return self._decoder
 
     def generate(self, prompts: Sequence[str], max_new_tokens: int) -> list[str]:

@@ -205,7 +205,8 @@ def layout(named_params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.
 
     `named_params`: a name → tensor mapping or (name, tensor) pairs (e.g. `model.named_parameters()`);
     `names_to_perturb`: the names to perturb (None: all). Unknown or repeated names are refused, and
-    so are two perturbed names on the same storage (tied weights would be perturbed twice).
+    so are two perturbed names whose memory overlaps (tied weights would be perturbed twice); disjoint
+    slices of one buffer (`model/packed_projections.py`) are distinct parameters.
     """
     params = dict(named_params.items() if isinstance(named_params, Mapping) else named_params)
     names = list(params) if names_to_perturb is None else list(names_to_perturb)
@@ -218,10 +219,14 @@ def layout(named_params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.
     for name in sorted(names):
         t = params[name]
         if t.numel():
-            key = (t.device, t.untyped_storage().data_ptr())
-            if key in storages:
-                raise ValueError(f"{name} shares its storage with {storages[key]} (tied weights)")
-            storages[key] = name
+            # The bytes from the first to the last element (all of them for a contiguous tensor).
+            first = t.data_ptr()
+            end = first + (sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+            seen = storages.setdefault((t.device, t.untyped_storage().data_ptr()), [])
+            for other, lo, hi in seen:
+                if first < hi and lo < end:
+                    raise ValueError(f"{name} shares its storage with {other} (tied weights)")
+            seen.append((name, first, end))
         out.append((name, offset, t.numel()))
         offset += t.numel()
     if offset > MAX_INDEX:

@@ -90,6 +90,7 @@ class Perturber(LaidOut):
             if not p.is_contiguous():
                 raise ValueError(f"parameter {name} is not contiguous; in-place reconstruction needs contiguous storage")
         self.model = model
+        self._params = params
         self.targets: dict[str, torch.Tensor] = {n: p.data for n, p in params.items()}
         self.layout = noise.layout(self.targets)
         with torch.no_grad():
@@ -105,6 +106,7 @@ class Perturber(LaidOut):
     def apply(self, seed: int, sigma: float) -> None:
         """Every perturbed parameter ← base + σ·R(seed, ·), in place (storage unchanged)."""
         noise.check_seed(seed)
+        self._check_storage()
         if self.backend == "triton" and all(t.device.type == "cuda" for t in self.targets.values()):
             # One CUDA-graph replay of every tensor's launch (seed and σ read from device memory): the
             # per-launch host overhead dominated the switch for many small tensors (docs/benchmarks).
@@ -119,9 +121,18 @@ class Perturber(LaidOut):
             noise.reconstruct_reference(self.base, self.targets, seed, sigma, self.layout)
         self.current = (seed, float(sigma))
 
+    def _check_storage(self) -> None:
+        # Something that re-lays out parameters after this Perturber was made (the static engine's packed
+        # projections, `.to()`) leaves the targets pointing at storage the model no longer reads.
+        moved = [n for n, p in self._params.items() if p.data_ptr() != self.targets[n].data_ptr()]
+        if moved:
+            raise RuntimeError(f"perturber: {len(moved)} parameters (first {moved[0]}) no longer live where this "
+                               "Perturber writes: make the Perturber after whatever re-laid them out")
+
     @torch.no_grad()
     def restore_base(self) -> None:
         """The base bits, copied back in place."""
+        self._check_storage()
         for name, target in self.targets.items():
             target.copy_(self.base[name])
         self.current = None

@@ -159,7 +159,7 @@ class Runtime:
         info = {"name": self.cfg.model_name(), "device": self.device,
                 "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
                 "parameters": sum(p.numel() for p in self.model.parameters()),
-                "engine": self.cfg.settings.engine, "attention": attention_backend(),
+                "engine": self.cfg.settings.engine, "attention": attention_backend(self.engine),
                 "threads": torch.get_num_threads()}
         if self.perturber is not None:
             info["perturbed"] = self.perturber.describe()
