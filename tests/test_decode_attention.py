@@ -4,7 +4,7 @@ bits on every run."""
 import pytest
 import torch
 
-from workflow_src.kernels.decode_attention import decode_attention, decode_attention_reference
+from workflow_src.kernels.decode_attention import Launch, decode_attention, decode_attention_reference
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -33,6 +33,36 @@ def test_matches_the_reference_on_cpu():
     k2[0, :, 1:] = float("nan")
     v2[0, :, 1:] = float("nan")
     assert torch.equal(decode_attention(q, k2, v2, positions, 0.25)[0], got[0])
+
+
+@pytest.mark.parametrize("launch", [Launch(block_n=16, splits=3), Launch(block_n=32, splits=4)])
+def test_split_keys_match_the_reference_on_cpu(launch):
+    """Keys divided among programs and combined in split order; slot 0 (one key) leaves splits empty."""
+    q, k, v = inputs(3, 1, 5, 70, 16, torch.float32, "cpu")
+    positions = torch.tensor([0, 33, 69])
+    got = decode_attention(q, k, v, positions, 0.25, launch=launch)
+    want = decode_attention_reference(q, k, v, positions, 0.25)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), (got - want).abs().max()
+    assert torch.equal(decode_attention(q, k, v, positions, 0.25, launch=launch), got)
+    with pytest.raises(ValueError, match="power of two"):
+        Launch(block_n=24)
+    with pytest.raises(ValueError, match="bad launch"):
+        Launch(splits=0)
+
+
+def test_launch_bench_cli_records_every_launch(tmp_path):
+    import json
+    from workflow_src.kernels.bench_decode_attention import main
+    out = tmp_path / "attn.json"
+    main(["--tiny", "--device", "cpu", "--slots", "2", "--capacity", "40", "--positions", "39", "--block-n", "16",
+          "--warps", "4", "--splits", "1", "2", "--repeats", "1", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    (row,) = doc["rows"]
+    assert row["position"] == 39 and row["sdpa_ms"] > 0 and len(row["launches"]) == 2
+    assert all(r["repeatable"] and r["max_abs_diff"] < 1e-5 and r["gb_per_s"] > 0 for r in row["launches"])
+    assert row["fastest"]["splits"] in (1, 2)
+    with pytest.raises(SystemExit):
+        main(["--tiny", "--device", "cpu", "--positions", "5000", "--out", str(out)])
 
 
 def test_half_precision_inputs_on_cpu():
@@ -68,3 +98,6 @@ def test_matches_the_reference_and_repeats_on_gpu(group, kv_heads):
     assert torch.allclose(got.float(), want.float(), rtol=2e-2, atol=1e-2), (got.float() - want.float()).abs().max()
     for _ in range(3):
         assert torch.equal(decode_attention(q, k, v, positions, 128 ** -0.5), got)
+    split = decode_attention(q, k, v, positions, 128 ** -0.5, launch=Launch(splits=4))
+    assert torch.allclose(split.float(), want.float(), rtol=2e-2, atol=1e-2)
+    assert torch.equal(decode_attention(q, k, v, positions, 128 ** -0.5, launch=Launch(splits=4)), split)

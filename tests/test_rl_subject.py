@@ -157,7 +157,11 @@ def test_two_ranks_write_rank_files_and_the_control_is_detected(checkpoint, tmp_
     assert sorted(p.name for p in (tmp_path / "base").glob("rank*.jsonl")) == ["rank0.jsonl", "rank1.jsonl"]
     assert compare(load_run(tmp_path / "base"), load_run(tmp_path / "opt"))["pass"]
     ctl = compare(load_run(tmp_path / "base"), load_run(tmp_path / "ctl"))
-    assert not ctl["pass"] and ctl["first_divergence"]["step"] == 0
+    # Detected at whichever step the reversed sums first round differently. Each rank sums only four
+    # micro-batches (at step 0 those of a group that scored alike have zero advantages and zero KL, so zero
+    # gradients), and the reordered sums can all round alike at step 0: they do on an AVX-512 CPU, whose
+    # rollouts sample other tokens than the AVX2 machines this was first run on.
+    assert not ctl["pass"] and ctl["first_divergence"]["step"] in (0, 1)
     # the reversed accumulation reaches the parameters, not just the recorded loss
     assert any(i.startswith("param.") and ctl["matrix"][i]["final"] == "different" for i in ctl["matrix"])
 
