@@ -135,7 +135,13 @@ def test_check_norm_records_variants_on_cpu():
     assert r["reference"] == "statement"
     assert r["variants"]["eager"]["bit_equal"] and r["autograd_function"]["bit_equal"]
     assert not r["variants"]["unrounded"]["bit_equal"]
-    assert r["ms"]["fused_step"] > 0
+    assert r["variants"]["unrolled"]["bit_equal"]  # the same adds in the same order, spelled out
+    assert r["ms"]["fused_step"] > 0 and r["ms"]["fused_step:unrolled"] > 0 and "fwd_speedup:unrolled" in r["ms"]
+    # several steps per lane (32 lanes x 4 x 5 steps), fp32 and the residual add: still the statement's bits
+    x, u, w, gy, gr = check_rmsnorm_gpu._inputs((20, 640), torch.float32, "cpu", seed=3)
+    want = check_rmsnorm_gpu.statement(x, u, w, gy, gr, True)
+    got = check_rmsnorm_gpu.fused(x, u, w, gy, gr, True, variant="unrolled")
+    assert all(torch.equal(got[k], want[k]) for k in want), [k for k in want if not torch.equal(got[k], want[k])]
 
 
 def test_dump_and_order_check_on_cpu(tmp_path):

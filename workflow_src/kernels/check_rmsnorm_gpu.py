@@ -22,6 +22,7 @@ torch version reduces otherwise (tests/data/cuda_row_sums.safetensors is a subse
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import sys
@@ -178,25 +179,35 @@ def timings(x, upd, w, gy, add: bool, device: str, repeats: int) -> dict:
         with torch.no_grad():
             return norm(x + upd) if add else norm(x)
 
-    def fused_fwd():
-        return rmsnorm.rms_norm_fused_forward(x, w, EPS, upd if add else None)
+    def fused_fwd(variant=None):
+        return rmsnorm.rms_norm_fused_forward(x, w, EPS, upd if add else None, variant)
 
     def eager_step():
         (norm(xr + ur) if add else norm(xr)).backward(gy)
 
-    def fused_step():
-        y = rmsnorm.add_rms_norm_fused(xr, ur, wr, EPS)[0] if add else rmsnorm.rms_norm_fused(xr, wr, EPS)
+    def fused_step(variant=None):
+        y = (rmsnorm.add_rms_norm_fused(xr, ur, wr, EPS, variant)[0] if add
+             else rmsnorm.rms_norm_fused(xr, wr, EPS, variant))
         y.backward(gy)
 
     calls = {"eager_fwd": eager_fwd, "fused_fwd": fused_fwd, "eager_step": eager_step, "fused_step": fused_step}
+    for name in rmsnorm.SPEED_VARIANTS:  # bit-equal candidates for the default, timed beside it
+        calls[f"fused_fwd:{name}"] = functools.partial(fused_fwd, name)
+        calls[f"fused_step:{name}"] = functools.partial(fused_step, name)
+
+    def speedups(t: dict) -> dict:
+        out = {"fwd_speedup": t["eager_fwd"] / t["fused_fwd"], "step_speedup": t["eager_step"] / t["fused_step"]}
+        for name in rmsnorm.SPEED_VARIANTS:
+            out[f"fwd_speedup:{name}"] = t["eager_fwd"] / t[f"fused_fwd:{name}"]
+            out[f"step_speedup:{name}"] = t["eager_step"] / t[f"fused_step:{name}"]
+        return out
+
     ms = {name: timed_ms(fn, device, repeats) for name, fn in calls.items()}
-    ms["fwd_speedup"] = ms["eager_fwd"] / ms["fused_fwd"]
-    ms["step_speedup"] = ms["eager_step"] / ms["fused_step"]
+    ms.update(speedups(ms))
     if device.startswith("cuda"):  # the kernels alone: each call captured as a CUDA graph and replayed
         try:
             graph = {name: graph_timed_ms(fn, repeats) for name, fn in calls.items()}
-            ms["graph"] = {**graph, "fwd_speedup": graph["eager_fwd"] / graph["fused_fwd"],
-                           "step_speedup": graph["eager_step"] / graph["fused_step"]}
+            ms["graph"] = {**graph, **speedups(graph)}
         except Exception as e:
             ms["graph_error"] = f"{type(e).__name__}: {e}"
     return ms
@@ -235,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     doc["order_holds"] = all(o["sum"]["bit_equal"] and o["mean"]["bit_equal"] for o in doc["order"])
     doc["defaults_bit_equal"] = all(n["variants"][default]["bit_equal"] and n["autograd_function"]["bit_equal"]
                                     for n in doc["norm"])
+    doc["speed_variants_bit_equal"] = {v: all(n["variants"][v]["bit_equal"] for n in doc["norm"])
+                                       for v in rmsnorm.SPEED_VARIANTS}
     doc["seconds"] = time.perf_counter() - t0
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
@@ -253,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{n['ms']['eager_step']:.3f} / fused {n['ms']['fused_step']:.3f} ms"
               + (f"; graph replay fwd {n['ms']['graph']['eager_fwd']:.4f} / {n['ms']['graph']['fused_fwd']:.4f}, "
                  f"fwd+bwd {n['ms']['graph']['eager_step']:.4f} / {n['ms']['graph']['fused_step']:.4f} ms"
+                 + "".join(f"; {v} fwd {n['ms']['graph'][f'fused_fwd:{v}']:.4f}, fwd+bwd "
+                           f"{n['ms']['graph'][f'fused_step:{v}']:.4f} ms" for v in rmsnorm.SPEED_VARIANTS)
                  if "graph" in n["ms"] else ""),
               flush=True)
     print(f"order holds: {doc['order_holds']}; defaults bit-equal: {doc['defaults_bit_equal']} "

@@ -244,39 +244,49 @@ def _row_input(x_ptr, u_ptr, col, mask, RESID: tl.constexpr, KX: tl.constexpr, H
     return v
 
 
+def _step_term(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, i, SQUARE: tl.constexpr, RESID: tl.constexpr,
+               KX: tl.constexpr, KY: tl.constexpr, KW: tl.constexpr, HAND: tl.constexpr, LANES: tl.constexpr,
+               VEC: tl.constexpr):
+    """Accumulator i's term of step k for every lane: xf * xf (SQUARE) or gh * xf, 0 past the row's end."""
+    if VEC:
+        col = 4 * (lane + k * LANES) + i
+    else:
+        col = lane + (4 * k + i) * LANES
+    mask = col < width
+    xf = _row_input(x_ptr, u_ptr, col, mask, RESID, KX, HAND)
+    if SQUARE:
+        t = xf * xf
+    else:
+        g = _load_f32(g_ptr + col, mask, KY)
+        w = _load_f32(w_ptr + col, mask, KW)
+        gh = _round(_round(g * w, KY, HAND), KX, HAND)
+        t = gh * xf
+    return tl.where(mask, t, 0.0)
+
+
 def _row_sum_body(x_ptr, u_ptr, g_ptr, w_ptr, width, SQUARE: tl.constexpr, RESID: tl.constexpr,
                   KX: tl.constexpr, KY: tl.constexpr, KW: tl.constexpr, HAND: tl.constexpr,
-                  LANES: tl.constexpr, VEC: tl.constexpr, STEPS: tl.constexpr):
-    """One row's rowsum(xf * xf) (SQUARE) or rowsum(gh * xf), in CUDA's order."""
+                  LANES: tl.constexpr, VEC: tl.constexpr, STEPS: tl.constexpr, UNROLL: tl.constexpr):
+    """One row's rowsum(xf * xf) (SQUARE) or rowsum(gh * xf), in CUDA's order. UNROLL spells the steps out:
+    the same adds in the same order, but no step's loads wait for the previous step's adds (a warp issues in
+    order, so in a loop every step pays a memory round trip)."""
     lane = tl.arange(0, LANES)
     a0 = tl.full([LANES], 0.0, tl.float32)
     a1 = tl.full([LANES], 0.0, tl.float32)
     a2 = tl.full([LANES], 0.0, tl.float32)
     a3 = tl.full([LANES], 0.0, tl.float32)
-    for k in range(STEPS):
-        for i in tl.static_range(4):
-            if VEC:
-                col = 4 * (lane + k * LANES) + i
-            else:
-                col = lane + (4 * k + i) * LANES
-            mask = col < width
-            xf = _row_input(x_ptr, u_ptr, col, mask, RESID, KX, HAND)
-            if SQUARE:
-                t = xf * xf
-            else:
-                g = _load_f32(g_ptr + col, mask, KY)
-                w = _load_f32(w_ptr + col, mask, KW)
-                gh = _round(_round(g * w, KY, HAND), KX, HAND)
-                t = gh * xf
-            t = tl.where(mask, t, 0.0)
-            if i == 0:
-                a0 += t
-            elif i == 1:
-                a1 += t
-            elif i == 2:
-                a2 += t
-            else:
-                a3 += t
+    if UNROLL:
+        for k in tl.static_range(STEPS):
+            a0 += _step_term(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, 0, SQUARE, RESID, KX, KY, KW, HAND, LANES, VEC)
+            a1 += _step_term(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, 1, SQUARE, RESID, KX, KY, KW, HAND, LANES, VEC)
+            a2 += _step_term(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, 2, SQUARE, RESID, KX, KY, KW, HAND, LANES, VEC)
+            a3 += _step_term(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, 3, SQUARE, RESID, KX, KY, KW, HAND, LANES, VEC)
+    else:
+        for k in range(STEPS):
+            a0 += _step_term(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, 0, SQUARE, RESID, KX, KY, KW, HAND, LANES, VEC)
+            a1 += _step_term(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, 1, SQUARE, RESID, KX, KY, KW, HAND, LANES, VEC)
+            a2 += _step_term(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, 2, SQUARE, RESID, KX, KY, KW, HAND, LANES, VEC)
+            a3 += _step_term(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, 3, SQUARE, RESID, KX, KY, KW, HAND, LANES, VEC)
     return _lanes_sum(((a0 + a1) + a2) + a3, LANES)
 
 
@@ -295,10 +305,10 @@ def _rms_fwd_body(x_ptr, u_ptr, w_ptr, y_ptr, res_ptr, r_ptr, width, s_x, s_u, s
                   RESID: tl.constexpr, KX: tl.constexpr, KY: tl.constexpr, KW: tl.constexpr,
                   HAND: tl.constexpr, SKIP: tl.constexpr, RSQRT: tl.constexpr, INTERP: tl.constexpr,
                   LANES: tl.constexpr, VEC: tl.constexpr, STEPS: tl.constexpr, BLOCK: tl.constexpr,
-                  BLOCKS: tl.constexpr):
+                  BLOCKS: tl.constexpr, UNROLL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     xp, up = x_ptr + row * s_x, u_ptr + row * s_u
-    total = _row_sum_body(xp, up, xp, w_ptr, width, True, RESID, KX, KY, KW, HAND, LANES, VEC, STEPS)
+    total = _row_sum_body(xp, up, xp, w_ptr, width, True, RESID, KX, KY, KW, HAND, LANES, VEC, STEPS, UNROLL)
     r = _rsqrt(total * factor + eps, RSQRT, INTERP)
     tl.store(r_ptr + row + tl.arange(0, 1), r)
     for b in tl.static_range(BLOCKS):
@@ -314,10 +324,10 @@ def _rms_fwd_body(x_ptr, u_ptr, w_ptr, y_ptr, res_ptr, r_ptr, width, s_x, s_u, s
 def _rms_bwd_body(g_ptr, x_ptr, w_ptr, r_ptr, gres_ptr, dx_ptr, pw_ptr, width, s_g, s_x, s_gres, s_dx, s_pw,
                   inv_width, GRES: tl.constexpr, KX: tl.constexpr, KY: tl.constexpr, KW: tl.constexpr,
                   HAND: tl.constexpr, SKIP: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
-                  STEPS: tl.constexpr, BLOCK: tl.constexpr, BLOCKS: tl.constexpr):
+                  STEPS: tl.constexpr, BLOCK: tl.constexpr, BLOCKS: tl.constexpr, UNROLL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     gp, xp = g_ptr + row * s_g, x_ptr + row * s_x
-    s = _row_sum_body(xp, xp, gp, w_ptr, width, False, False, KX, KY, KW, HAND, LANES, VEC, STEPS)
+    s = _row_sum_body(xp, xp, gp, w_ptr, width, False, False, KX, KY, KW, HAND, LANES, VEC, STEPS, UNROLL)
     r = tl.load(r_ptr + row + tl.arange(0, 1))
     d_sq = ((s * -0.5) * ((r * r) * r)) * inv_width
     for b in tl.static_range(BLOCKS):
@@ -341,8 +351,8 @@ def _rms_bwd_body(g_ptr, x_ptr, w_ptr, r_ptr, gres_ptr, dx_ptr, pw_ptr, width, s
 @functools.cache
 def _rms_kernels(interpret: bool):
     return jit_in_mode(interpret, (_rms_fwd_body, _rms_bwd_body),
-                       helpers=_HELPERS + (_fold_halves, _lanes_sum, _row_input, _row_sum_body,
-                                           _rsqrt))
+                       helpers=_HELPERS + (_fold_halves, _lanes_sum, _row_input, _step_term,
+                                           _row_sum_body, _rsqrt))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,6 +362,7 @@ class RmsNormVariant:
     fusion: bool = False      # Triton's enable_fp_fusion: on, LLVM contracts mul+add pairs into FMAs
     round: str = "auto"       # bf16 rounding: "cvt", "hand", "auto" (hand when interpreted)
     skip_round: bool = False  # negative control: hb and dx's fp32 sum left unrounded before their next use
+    unroll: bool = False      # the row sums' steps spelled out (same order; a speed candidate, must be bit-equal)
 
     def __post_init__(self):
         if self.rsqrt not in _RSQRT or self.round not in ("auto", "cvt", "hand"):
@@ -365,7 +376,10 @@ RMSNORM_VARIANTS = {
     "div_sqrt": RmsNormVariant(rsqrt="div_sqrt"),
     "fp_fusion": RmsNormVariant(fusion=True),
     "unrounded": RmsNormVariant(skip_round=True),  # negative control (bf16/fp16)
+    "unrolled": RmsNormVariant(unroll=True),
 }
+# Variants that must give eager's bits, timed beside the default by check_rmsnorm_gpu.
+SPEED_VARIANTS = ("unrolled",)
 
 
 def rmsnorm_variant(variant: str | RmsNormVariant | None) -> RmsNormVariant:
@@ -421,7 +435,7 @@ def rms_norm_fused_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, up
         x2.stride(0), u2.stride(0), y.stride(0), res.stride(0), mean_factor(rows, width), eps,
         RESID=update is not None, KX=kx, KY=KIND[y_dtype], KW=kw, HAND=hand, SKIP=v.skip_round and kx != 0,
         RSQRT=_RSQRT[v.rsqrt], INTERP=interpret, LANES=order.lanes, VEC=order.vectorized, STEPS=steps,
-        BLOCK=block, BLOCKS=blocks, num_warps=NUM_WARPS, enable_fp_fusion=v.fusion)
+        BLOCK=block, BLOCKS=blocks, UNROLL=v.unroll, num_warps=NUM_WARPS, enable_fp_fusion=v.fusion)
     shape = (*x.shape[:-1], width)
     return y.reshape(shape), rstd, (res.reshape(shape) if update is not None else None)
 
@@ -448,7 +462,7 @@ def rms_norm_fused_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.T
         width, g2.stride(0), x2.stride(0), gr2.stride(0), dx.stride(0), pw.stride(0), reciprocal(width),
         GRES=grad_residual is not None, KX=kx, KY=KIND[y_dtype], KW=kw, HAND=hand,
         SKIP=v.skip_round and kx != 0, LANES=order.lanes, VEC=order.vectorized, STEPS=steps, BLOCK=block,
-        BLOCKS=blocks, num_warps=NUM_WARPS, enable_fp_fusion=v.fusion)
+        BLOCKS=blocks, UNROLL=v.unroll, num_warps=NUM_WARPS, enable_fp_fusion=v.fusion)
     return dx.reshape(x.shape), pw.reshape(*x.shape[:-1], width)
 
 
