@@ -50,6 +50,13 @@ rule all:
     default_target: True
 
 
+# RandOpt alone (environment, checkpoint, population, ensembles, record and the records table), without
+# the RL subject's evidence: the target of the RandOpt presets (config/presets/randopt-*).
+rule randopt_evidence:
+    input:
+        randopt_evidence_outputs(),
+
+
 # The RL subject's evidence alone (environment, checkpoint, operator receipt, paired speedups, bitwise
 # comparison), without RandOpt: the target of the GPU presets (config/presets/).
 rule rl_evidence:

@@ -64,6 +64,10 @@ def rl_evidence_outputs():
     return outs + speedup_outputs() + bitwise_outputs()
 
 
+def randopt_evidence_outputs():
+    return ["results/env/environment.json", f"results/checkpoints/{MODEL}", f"results/randopt/{EXP}/record.appended"]
+
+
 def experiment_sections():
     """Every config section file the experiment's outputs were made from."""
     sections = [section_file("environment")] + checkpoint_sections()

@@ -122,7 +122,7 @@ def test_preset_switch_sets_are_valid_combinations(preset):
     batched_train with control_reduction_order failed only after the 14-step baseline had run."""
     from workflow_src.rl.settings import parse_switches
     cfg = yaml.safe_load((REPO / "config" / "presets" / preset).read_text())
-    rl_switches = cfg["rl"]["switches"]
+    rl_switches = cfg.get("rl", {}).get("switches", [])  # the RandOpt presets leave the RL subject as it is
     parse_switches(rl_switches)
     for name, run in cfg.get("bitwise", {}).get("runs", {}).items():
         if run.get("impl") == "optimized":

@@ -439,6 +439,20 @@ def test_math500_carves_a_seeded_train_split(tmp_path):
         math500.load(_math_local(tmp_path, n_train=10))
 
 
+def test_math500_keeps_the_levels_asked_for(tmp_path):
+    hard = math500.load(_math_local(tmp_path, levels=[4, 5], n_train=1, split_seed=1))
+    kept = [r["unique_id"] for r in MATH_ROWS if r["level"] in (4, 5)]
+    assert sorted(p.id for p in hard["train"] + hard["test"]) == sorted(kept) and len(hard["train"]) == 1
+    assert math500.load(_math_local(tmp_path, levels=[])) == math500.load(_math_local(tmp_path))
+    assert math500.row_level({"level": "Level 5"}) == 5  # MATH's own spelling
+    with pytest.raises(DataFileError, match="no problem of levels"):
+        path = _jsonl(tmp_path / "easy.jsonl", [r for r in MATH_ROWS if r["level"] < 3])
+        math500.load({"source": "local", "local": {"test": {"path": str(path), "sha256": sha256_file(path)}},
+                      "levels": [5]})
+    with pytest.raises(DataFileError, match="not a number"):
+        math500.row_level({"level": "hard", "unique_id": "x"})
+
+
 def test_math500_hub_sha_mismatch(tmp_path, monkeypatch):
     import huggingface_hub
     path = _math_local(tmp_path)["local"]["test"]["path"]

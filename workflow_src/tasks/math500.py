@@ -12,6 +12,8 @@ MATH-500 has only a test split. A train split (for RL / RandOpt selection) is ca
 the file's rows are shuffled by a `random.Random` seeded from sha256("speedproof.math500/split/"
 + split_seed), the first `n_train` of that order form train and the rest test; each split keeps
 the file's order. With n_train 0 (the default) train is empty and test is the whole file.
+`levels` keeps only the problems of those difficulty levels (the `level` column, 1-5; e.g. [4, 5],
+the hardest 262 problems) before the carving.
 
 Spec (config section `task.math500`; unset keys take the defaults in `DEFAULTS`):
 
@@ -25,6 +27,7 @@ Spec (config section `task.math500`; unset keys take the defaults in `DEFAULTS`)
                       sha256 the fetched file must have (required; unset prints the file's value).
     local.test.path   A .jsonl / .json / .parquet file on this machine (source local).
     local.test.sha256 sha256 that file must have (required).
+    levels            Difficulty levels to keep, e.g. [4, 5] ([] or unset: all).
     n_train           Problems carved out of the file for the train split (default 0).
     split_seed        Seed of the carving shuffle (default 0).
     limit.{train,test}
@@ -57,6 +60,7 @@ DEFAULTS: dict[str, Any] = {
         "files": {"test": {"filename": "test.jsonl", "sha256": None}},
     },
     "local": {"test": {"path": None, "sha256": None}},
+    "levels": [],
     "n_train": 0,
     "split_seed": 0,
     "limit": {"train": None, "test": None},
@@ -73,11 +77,31 @@ def train_rows(n_rows: int, n_train: int, seed: int) -> set[int]:
     return set(order[:n_train])
 
 
+def row_level(row: dict[str, Any]) -> int:
+    """A row's difficulty level: the `level` column as an int (MATH-500 stores 1-5; MATH's own files
+    say "Level 5")."""
+    value = row.get("level")
+    text = str(value).strip()
+    if text.lower().startswith("level"):
+        text = text[5:].strip()
+    try:
+        return int(text)
+    except ValueError:
+        raise DataFileError(f"{SECTION}.levels: row {row.get('unique_id')!r} has level {value!r}, "
+                            "not a number 1-5") from None
+
+
 def load(spec: dict[str, Any]) -> dict[str, list[Problem]]:
     """{"train": [Problem], "test": [Problem]} from the pinned file."""
     spec = merged(DEFAULTS, spec)
     path = split_file(SECTION, spec, "test")
     rows = read_rows(path, COLUMNS, SECTION)
+    levels = spec.get("levels") or []
+    if levels:
+        kept = [row for row in rows if row_level(row) in set(levels)]
+        if not kept:
+            raise DataFileError(f"{SECTION}.levels: no problem of levels {levels} in {path}")
+        rows = kept
     n_train = spec.get("n_train", 0)
     if not isinstance(n_train, int) or isinstance(n_train, bool) or not 0 <= n_train < len(rows):
         raise DataFileError(
