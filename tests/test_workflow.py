@@ -80,19 +80,22 @@ def test_gpu_preset_plans_the_rl_evidence_only(tmp_path, preset):
     assert "--source random" in proc.stdout and "--scale real --device cuda" in proc.stdout
 
 
-@pytest.mark.parametrize("preset, task", [("randopt-qwen2.5-7b-gsm8k.yaml", "gsm8k"),
-                                          ("randopt-qwen2.5-7b-math500-hard.yaml", "math500")])
-def test_randopt_preset_plans_the_randopt_evidence_only(tmp_path, preset, task):
-    """The 7B RandOpt presets validate and plan the population, ensembles and record from a pinned Hub
-    download, and nothing of the RL subject (a plan: no Hub, no GPU here)."""
+@pytest.mark.parametrize("preset, task, source", [("randopt-qwen2.5-7b-gsm8k.yaml", "gsm8k", "hf"),
+                                                  ("randopt-qwen2.5-7b-math500-hard.yaml", "math500", "hf"),
+                                                  ("randopt-qwen2.5-7b-random-h200.yaml", "synthetic_arithmetic",
+                                                   "random")])
+def test_randopt_preset_plans_the_randopt_evidence_only(tmp_path, preset, task, source):
+    """The 7B RandOpt presets validate and plan the population, ensembles and record (from a pinned Hub
+    download, or random weights), and nothing of the RL subject (a plan: no Hub, no GPU here)."""
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
                            str(tmp_path), "randopt_evidence", "--configfile", str(REPO / "config" / "presets" / preset),
                            "-n", "--cores", "2"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = jobs_planned(proc)
-    assert jobs["randopt_population"] == 4 and jobs["randopt_record"] == 1 and jobs["randopt_evidence"] == 1
+    assert jobs["randopt_population"] >= 2 and jobs["randopt_record"] == 1 and jobs["randopt_evidence"] == 1
     assert not {"speedup_launch", "deterministic_run", "operator_checks"} & set(jobs)
-    assert "--source hf" in proc.stdout and "a09a35458c702b33eeacc393d103063234e8bc28" in proc.stdout
+    assert f"--source {source}" in proc.stdout
+    assert (source == "hf") == ("a09a35458c702b33eeacc393d103063234e8bc28" in proc.stdout)
     assert f'"engine": "static"' in proc.stdout and f"task.{task}" in proc.stdout
 
 
