@@ -282,8 +282,9 @@ class StaticEngine:
             positions += live
             for s in active:
                 where[s] += 1
-            for slot in self._record(nxt[active].tolist(), [owner[s] for s in active], generated, max_new_tokens,
-                                     owner, active):
+            picked = nxt.tolist()  # every slot in one read-back (indexing by a list first would send it over)
+            for slot in self._record([picked[s] for s in active], [owner[s] for s in active], generated,
+                                     max_new_tokens, owner, active):
                 live[slot] = 0
         return generated
 
