@@ -36,11 +36,11 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from ..checkpoints.random_init import tensor_seed
 from ..checkpoints.tokenizer import build_tokenizer
-from ..model.shapes import architecture
+from ..model.shapes import SHORT_NAMES, architecture
 from ..tasks import synthetic_arithmetic as task
 from . import ThroughputMeter, make_engine
 
-SHAPES = {"0.5B": "qwen2.5-0.5b", "1.5B": "qwen2.5-1.5b", "7B": "qwen2.5-7b"}
+SHAPES = SHORT_NAMES
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
         "num_key_value_heads": 1, "vocab_size": 512, "max_position_embeddings": 512}
 ALPHABET_SPEC = {"operators": ["+", "-"]}

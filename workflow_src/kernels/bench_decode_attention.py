@@ -24,10 +24,9 @@ import time
 
 import torch
 
-from ..model.shapes import architecture
+from ..model.shapes import SHORT_NAMES, architecture
 from .decode_attention import Launch, decode_attention, decode_attention_reference
 
-SHAPES = {"0.5B": "qwen2.5-0.5b", "1.5B": "qwen2.5-1.5b", "7B": "qwen2.5-7b"}
 TINY = {"kv_heads": 1, "group": 3, "head_dim": 16}
 
 
@@ -35,7 +34,7 @@ def layout(shape: str, tiny: bool) -> dict:
     """KV heads, query heads per KV head and head_dim of a shape's attention."""
     if tiny:
         return dict(TINY)
-    arch = architecture(SHAPES[shape])
+    arch = architecture(SHORT_NAMES[shape])
     heads, kv = arch["num_attention_heads"], arch["num_key_value_heads"]
     return {"kv_heads": kv, "group": heads // kv, "head_dim": arch.get("head_dim") or arch["hidden_size"] // heads}
 
@@ -91,7 +90,7 @@ def measure(lay: dict, slots: int, capacity: int, positions: list[int], launches
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--shape", default="7B", choices=sorted(SHAPES))
+    ap.add_argument("--shape", default="7B", choices=sorted(SHORT_NAMES))
     ap.add_argument("--slots", type=int, default=128)
     ap.add_argument("--capacity", type=int, default=713)
     ap.add_argument("--positions", type=int, nargs="+", default=[256, 512, 712])

@@ -21,6 +21,8 @@ QWEN2_ARCHITECTURES: dict[str, dict[str, Any]] = {
                        max_position_embeddings=131072, rope_theta=1000000.0, rms_norm_eps=1e-6),
 }
 ARCHITECTURE_KEYS = tuple(QWEN2_ARCHITECTURES["qwen2.5-0.5b"])
+# The benchmarks' short names of the shapes they time.
+SHORT_NAMES = {"0.5B": "qwen2.5-0.5b", "1.5B": "qwen2.5-1.5b", "7B": "qwen2.5-7b"}
 
 
 def architecture(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
