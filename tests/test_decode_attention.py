@@ -61,6 +61,8 @@ def test_launch_bench_cli_records_every_launch(tmp_path):
     assert row["position"] == 39 and row["sdpa_ms"] > 0 and len(row["launches"]) == 2
     assert all(r["repeatable"] and r["max_abs_diff"] < 1e-5 and r["gb_per_s"] > 0 for r in row["launches"])
     assert row["fastest"]["splits"] in (1, 2)
+    assert [r["launch"] for r in doc["ranking"]] in (["16/4/3/1", "16/4/3/2"], ["16/4/3/2", "16/4/3/1"])
+    assert doc["ranking"][0]["total_ms"] == min(r["ms"] for r in row["launches"])
     with pytest.raises(SystemExit):
         main(["--tiny", "--device", "cpu", "--positions", "5000", "--out", str(out)])
 

@@ -157,16 +157,35 @@ def test_interpreter_with_env_set_before_import():
         assert digest == tensor_digest(want), dname
 
 
+@pytest.mark.parametrize("literal", [False, True])
+@pytest.mark.parametrize("offset", [0, 2**32 - 100, 2**33 - 3, 2**63 - 5000])
+def test_both_hash_paths_at_word_boundaries_and_any_sigma_sign(literal, offset):
+    """The per-block hoisting of the high word holds where a block's low word wraps (2**32 − 100 with
+    blocks of 256 crosses inside a block), next to 2**63, and σ's sign reaches the sum (σ = −0.0 keeps
+    a −0 base, which +0.0 would turn into +0)."""
+    for sigma in (1e-3, -0.0, -0.25, 0.0):
+        base = perturb.base_values((3000,), torch.bfloat16, sigma or 1e-3, seed=3, device="cpu")
+        base[:10] = -0.0
+        got, want = torch.empty_like(base), torch.empty_like(base)
+        perturb.reconstruct_triton(base, got, 0xFFFFFFFF, sigma, offset, block=256, literal=literal)
+        noise.reconstruct_tensor_reference(base, want, 0xFFFFFFFF, sigma, offset)
+        assert bit_equal(got, want), (sigma, offset)
+        if str(sigma) == "-0.0":  # −0 + (±0)·R: −0 + −0 = −0 where R = +1, −0 + +0 = +0 where R = −1
+            signs = noise.signs(0xFFFFFFFF, offset, 10)
+            assert torch.equal(got[:10].view(torch.int16), torch.where(signs > 0, -0x8000, 0).to(torch.int16))
+
+
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("literal", [False, True])
 @pytest.mark.parametrize("din,dout", [("fp32", "fp32"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "bf16")])
-def test_gpu_kernel_equals_cpu_reference(din, dout):
+def test_gpu_kernel_equals_cpu_reference(din, dout, literal):
     shape, seed, sigma, offset = (1000, 4099), 0x12345678, 1e-3, 2**32 - 77777
     base = perturb.base_values(shape, DT[din], sigma, seed=8, device="cpu")
     want = torch.empty(shape, dtype=DT[dout])
     noise.reconstruct_tensor_reference(base, want, seed, sigma, offset)
     got = torch.empty(shape, dtype=DT[dout], device="cuda")
-    perturb.reconstruct_triton(base.cuda(), got, seed, sigma, offset, interpret=False)
+    perturb.reconstruct_triton(base.cuda(), got, seed, sigma, offset, interpret=False, literal=literal)
     assert bit_equal(got.cpu(), want)
     ref_gpu = torch.empty_like(got)
     noise.reconstruct_tensor_reference(base.cuda(), ref_gpu, seed, sigma, offset)  # torch reference on GPU

@@ -1,5 +1,7 @@
 """The `static` engine: slots over a preallocated KV cache, refilled as sequences end; its answers against
 `hf`'s on the embedded default's kind of model, its counts, determinism and in-place weight changes."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -7,6 +9,7 @@ from test_rl_subject import TASK
 from workflow_src.engine import ThroughputMeter, make_engine
 from workflow_src.engine.hf import HFEngine
 from workflow_src.engine.static import StaticEngine
+from workflow_src.kernels.decode_attention import DEFAULT_LAUNCH, Launch
 from workflow_src.tasks import synthetic_arithmetic as task
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -103,6 +106,30 @@ def test_bad_input_is_refused(model_and_tokenizer):
         StaticEngine(model, tok, 2).generate(["1+2="], 0)
 
 
+def test_torch_deterministic_mode_is_off_only_inside_the_step(model_and_tokenizer, prompts):
+    """The RandOpt runtime turns torch's deterministic mode on; the decode step runs without it (its KV writes
+    would go through a sort) and gives the same tokens; the mode, and its warn_only, come back as they were."""
+    from workflow_src.engine.static import torch_deterministic_mode_off
+    model, tok = model_and_tokenizer
+    want = StaticEngine(model, tok, 4).generate(prompts[:4], 6)
+    seen = []
+    try:
+        for warn_only in (False, True):
+            torch.use_deterministic_algorithms(True, warn_only=warn_only)
+            engine = StaticEngine(model, tok, 4)
+            assert engine.generate(prompts[:4], 6) == want
+            assert torch.are_deterministic_algorithms_enabled()
+            assert torch.is_deterministic_algorithms_warn_only_enabled() == warn_only
+            with torch_deterministic_mode_off():
+                seen.append(torch.are_deterministic_algorithms_enabled())
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert seen == [False, False]
+    with torch_deterministic_mode_off():  # off stays off
+        assert not torch.are_deterministic_algorithms_enabled()
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
 def test_triton_decode_attention_agrees_with_sdpa(model_and_tokenizer, prompts):
     """The decode-attention kernel (interpreted here) in place of SDPA: same answers on this model, the same
     on every run, and one span (each slot stops at its own position)."""
@@ -115,6 +142,10 @@ def test_triton_decode_attention_agrees_with_sdpa(model_and_tokenizer, prompts):
     assert engine._decoder.span(0) == engine._decoder.capacity
     from workflow_src.engine.attention import attention_backend  # what the records say
     assert attention_backend(engine)["decode"] == "triton:kernels/decode_attention.py"
+    assert attention_backend(engine)["decode_launch"] == dataclasses.asdict(DEFAULT_LAUNCH)
+    split = StaticEngine(model, tok, 4, attention="triton", launch=Launch(block_n=16, splits=3))
+    assert sum(a == b for a, b in zip(split.generate(prompts[:4], 8), sdpa)) / len(got) >= 0.9
+    assert attention_backend(split)["decode_launch"]["splits"] == 3
     assert attention_backend(StaticEngine(model, tok, 4))["decode"] == "sdpa"  # the CPU default
     assert "decode" not in attention_backend(HFEngine(model, tok, 4))
     with pytest.raises(ValueError, match="attention"):
@@ -146,10 +177,14 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
     out = tmp_path / "bench.json"
     main(["--tiny", "--shapes", "0.5B", "--prompts", "5", "--prompt-chars", "12", "--new-tokens", "6",
           "--batch", "4", "--seeds", "2", "--profile", "3", "--device", "cpu", "--out", str(out),
-          "--engines", "hf", "static", "static:span=4"])
+          "--engines", "hf", "static", "static:span=4", "static:attention=triton,launch=16/4/3/2"])
     doc = json.loads(out.read_text())
     engines = doc["shapes"]["0.5B"]["engines"]
-    assert set(engines) == {"hf", "static", "static:span=4"} and engines["hf"]["ratio_to_hf"] == 1.0
+    assert set(engines) == {"hf", "static", "static:span=4", "static:attention=triton,launch=16/4/3/2"}
+    assert engines["hf"]["ratio_to_hf"] == 1.0
+    assert engines["static:attention=triton,launch=16/4/3/2"]["attention"]["decode_launch"]["splits"] == 2
+    with pytest.raises(ValueError, match="block_n/num_warps/num_stages/splits"):
+        main(["--tiny", "--device", "cpu", "--out", str(out), "--engines", "static:launch=64/4"])
     assert all(0 < e["generated_tokens"] <= 5 * 6 and e["prompts"] == 5 for e in engines.values())
     assert doc["population"]["seeds"] == 2 and doc["population"]["engines"]["static"]["seeds_per_s"] > 0
     prof = doc["profile"]

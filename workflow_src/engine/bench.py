@@ -18,7 +18,8 @@ eager (kernels inside a replayed CUDA graph are not attributed one by one), and 
 most device (CPU: host) time: where a decode step goes, as a guide to the next optimization.
 `--engines` takes engine names, and `static:key=value,...` for the static engine with other options: `span=N`
 (span_bucket N; a huge N attends over the whole cache capacity), `fused=0|1`, `packed=0|1`, `attention=sdpa|triton`,
-`graphs=0|1` (StaticEngine's arguments; unnamed ones keep its defaults). Packing re-lays out the model's
+`graphs=0|1`, `launch=block_n/num_warps/num_stages/splits` (the Triton decode attention's launch, e.g. 64/4/3/2)
+(StaticEngine's arguments; unnamed ones keep its defaults). Packing re-lays out the model's
 weights for good: list engines that do not pack before those that do.
 `--tiny` swaps the shapes for a two-layer stand-in (for the CPU tests).
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import time
@@ -36,6 +38,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from ..checkpoints.random_init import tensor_seed
 from ..checkpoints.tokenizer import build_tokenizer
+from ..kernels.decode_attention import Launch
 from ..model.shapes import SHORT_NAMES, architecture
 from ..tasks import synthetic_arithmetic as task
 from . import ThroughputMeter, make_engine
@@ -77,9 +80,17 @@ def random_prompts(n: int, chars: int, seed: int = 0) -> list[str]:
     return ["".join(rng.choice(letters) for _ in range(chars)) for _ in range(n)]
 
 
+def parse_launch(value: str) -> Launch:
+    """`block_n/num_warps/num_stages/splits` (e.g. 64/4/3/2) as a decode-attention Launch."""
+    parts = value.split("/")
+    if len(parts) != 4 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"launch {value!r}: expected block_n/num_warps/num_stages/splits, e.g. 64/4/3/2")
+    return Launch(*map(int, parts))
+
+
 STATIC_OPTIONS = {"span": ("span_bucket", int), "fused": ("fused", lambda v: bool(int(v))),
                   "packed": ("packed", lambda v: bool(int(v))), "graphs": ("graphs", lambda v: bool(int(v))),
-                  "attention": ("attention", str)}
+                  "attention": ("attention", str), "launch": ("launch", parse_launch)}
 
 
 def static_options(label: str) -> dict:
@@ -101,6 +112,22 @@ def bench_engine(label: str, model, tok, batch: int, meter: ThroughputMeter):
         from .static import StaticEngine
         return StaticEngine(model, tok, batch, meter=meter, **static_options(label))
     return make_engine(label, model, tok, batch, meter=meter)
+
+
+DETERMINISM = ("off", "cublas", "torch", "torch-nofill")
+
+
+def pin_determinism(mode: str) -> None:
+    """Before any CUDA work: `cublas` sets the cuBLAS workspace the RandOpt runtime sets; `torch` also turns
+    on torch's deterministic algorithms (as randopt.runtime.setup_runtime does); `torch-nofill` without their
+    filling of every new tensor with NaN (`torch.utils.deterministic.fill_uninitialized_memory`)."""
+    if mode == "off":
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if mode.startswith("torch"):
+        torch.use_deterministic_algorithms(True)
+    if mode == "torch-nofill":
+        torch.utils.deterministic.fill_uninitialized_memory = False
 
 
 def timed_generate(engine, prompts, new_tokens, sync) -> dict:
@@ -126,9 +153,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sigma", type=float, default=1e-3)
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="profile N new tokens of the eager static engine on the last shape (top ops by time)")
+    ap.add_argument("--determinism", choices=DETERMINISM, default="off",
+                    help="the process's determinism settings (pin_determinism); the RandOpt workflow runs `torch`")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args(argv)
+    pin_determinism(a.determinism)
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     prompts = random_prompts(a.prompts, a.prompt_chars)
     from .attention import attention_backend

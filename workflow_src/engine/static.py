@@ -27,6 +27,7 @@ tests and benchmarks measures how often).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections import deque
 from collections.abc import Sequence
 
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..kernels.decode_attention import decode_attention
+from ..kernels.decode_attention import DEFAULT_LAUNCH, Launch, decode_attention
 from ..kernels.swiglu import silu_mul
 from ..model.graph_capture import safe_capture
 from ..model.lean_qwen2 import LeanQwen2, Segment
@@ -46,17 +47,37 @@ from .hf import stop_token_ids
 ATTENTION = ("sdpa", "triton")
 
 
+@contextlib.contextmanager
+def torch_deterministic_mode_off():
+    """torch's deterministic mode (the RandOpt runtime turns it on) off for the decode step, and back as it was.
+    Under it every KV-cache write (an index_put_) goes through a sort and every new tensor is filled with NaN:
+    2.4x the step's time at 7B on the H200 (docs/benchmarks/2026-12-01-h200-weight-switch-and-attention.md).
+    The step needs neither: each slot writes its own cache row once, so the writes cannot race, and its
+    other ops (GEMMs under the runtime's cuBLAS workspace setting, our Triton kernels, SDPA's forward) are
+    deterministic; the tests replay steps and compare bits."""
+    if not torch.are_deterministic_algorithms_enabled():
+        yield
+        return
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(False)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
+
+
 class SlotDecoder:
     """The model over `slots` cache rows of `capacity` positions: batched prefill into chosen slots and one
     decode step over every slot (optionally as a CUDA graph)."""
 
     def __init__(self, model: PreTrainedModel, slots: int, capacity: int, graphs: bool, span_bucket: int = 128,
-                 fused: bool = False, packed: bool = False, attention: str = "sdpa"):
+                 fused: bool = False, packed: bool = False, attention: str = "sdpa", launch: Launch = DEFAULT_LAUNCH):
         """`fused`: RMSNorm (+ residual add), RoPE and SiLU×up through the fused Triton kernels (bit-equal to the
         eager ops, so the tokens do not change; CUDA). `packed`: q/k/v and gate/up each as one GEMM over
         packed weights (`model/packed_projections.py`; a wider GEMM may round differently). `attention`:
         `sdpa` (torch SDPA over the live span with a mask; one graph per span) or `triton`
-        (`kernels/decode_attention.py`: each slot reads its keys up to its own position; one graph)."""
+        (`kernels/decode_attention.py`: each slot reads its keys up to its own position; one graph), launched
+        as `launch` (its block size and splits set the order of the sums, so the tokens may depend on it)."""
         if attention not in ATTENTION:
             raise ValueError(f"static engine: attention {attention!r}; known: {list(ATTENTION)}")
         self.lean = LeanQwen2(model, slots, capacity, fused=fused)
@@ -64,7 +85,7 @@ class SlotDecoder:
             k.zero_()
             v.zero_()
         self.model, self.slots, self.capacity, self.span_bucket = model, slots, capacity, span_bucket
-        self.fused, self.attention = fused, attention
+        self.fused, self.attention, self.launch = fused, attention, launch
         self.packed = pack_projections(model) if packed else None
         device = model.model.embed_tokens.weight.device
         self.tokens = torch.zeros(slots, dtype=torch.long, device=device)
@@ -103,6 +124,10 @@ class SlotDecoder:
     def _step(self, span: int) -> torch.Tensor:
         """One token per slot from self.tokens at self.positions, attending over cache positions < span
         (every live slot's position must be below it); returns the logits [slots, vocab]."""
+        with torch_deterministic_mode_off():
+            return self._step_ops(span)
+
+    def _step_ops(self, span: int) -> torch.Tensor:
         lean, model = self.lean, self.model
         pos = self.positions
         h = F.embedding(self.tokens[:, None], model.model.embed_tokens.weight)
@@ -127,7 +152,7 @@ class SlotDecoder:
             # `heads / kv_heads` times over the whole capacity (repeat_kv), at 7B the bulk of a step.
             q = qs.reshape(self.slots, lean.k[li].shape[1], -1, lean.head_dim)
             if self.attention == "triton":
-                o = decode_attention(q, lean.k[li], lean.v[li], pos, attn.scaling)
+                o = decode_attention(q, lean.k[li], lean.v[li], pos, attn.scaling, launch=self.launch)
             else:
                 o = F.scaled_dot_product_attention(q, lean.k[li][:, :, :span], lean.v[li][:, :, :span],
                                                    attn_mask=visible, scale=attn.scaling)
@@ -182,8 +207,9 @@ class StaticEngine:
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int,
                  meter: ThroughputMeter | None = None, progress=None, graphs: bool = True, span_bucket: int = 128,
-                 fused: bool | None = None, packed: bool | None = None, attention: str | None = None):
-        """`fused`, `packed`, `attention`: SlotDecoder's options; None (the default) chooses, where the model is
+                 fused: bool | None = None, packed: bool | None = None, attention: str | None = None,
+                 launch: Launch = DEFAULT_LAUNCH):
+        """`fused`, `packed`, `attention`, `launch`: SlotDecoder's options; None (the default) chooses, where the model is
         on a GPU, fused, packed and `triton` (faster there: docs/benchmarks/2026-12-01-h200-engine-decode.md),
         and on the CPU none of them and `sdpa` (the kernels would run in Triton's interpreter). Packing
         happens here, before anyone (a Perturber) holds the weights' storage."""
@@ -199,7 +225,7 @@ class StaticEngine:
         self.attention = ("triton" if on_gpu else "sdpa") if attention is None else attention
         if self.attention not in ATTENTION:
             raise ValueError(f"static engine: attention {attention!r}; known: {list(ATTENTION)}")
-        self.progress, self.graphs = progress, graphs
+        self.progress, self.graphs, self.launch = progress, graphs, launch
         if self.packed:
             pack_projections(model)
         self.stops = stop_token_ids(model, tokenizer)
@@ -207,7 +233,9 @@ class StaticEngine:
 
     def attention_info(self) -> dict:
         """The decode steps' attention, for records (engine/attention.py); prefills use SDPA."""
-        return {"decode": "triton:kernels/decode_attention.py" if self.attention == "triton" else "sdpa"}
+        if self.attention != "triton":
+            return {"decode": "sdpa"}
+        return {"decode": "triton:kernels/decode_attention.py", "decode_launch": dataclasses.asdict(self.launch)}
 
     def _decoder_for(self, capacity: int) -> SlotDecoder:
         """The decoder (and its captured graph) is kept while the capacity suffices: weights are read in place."""
@@ -217,7 +245,8 @@ class StaticEngine:
                              f"{limit}")
         if self._decoder is None or self._decoder.capacity < capacity:
             self._decoder = SlotDecoder(self.model, self.batch_size, capacity, self.graphs, self.span_bucket,
-                                        fused=self.fused, packed=self.packed, attention=self.attention)
+                                        fused=self.fused, packed=self.packed, attention=self.attention,
+                                        launch=self.launch)
         return self._decoder
 
     def generate(self, prompts: Sequence[str], max_new_tokens: int) -> list[str]:

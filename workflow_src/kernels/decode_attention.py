@@ -14,7 +14,8 @@ online softmax in fp32. No mask tensor, and no span: one captured graph serves e
 `Launch` sets keys per block, warps and stages, and `splits`: with splits > 1 each slot's keys are divided
 among that many programs (flash-decoding: more programs streaming the cache at once), whose partial maxima,
 denominators and sums a second kernel combines in split order. The engine uses `DEFAULT_LAUNCH` (one split,
-64 keys per block), the settings that ran on the H200; `kernels/bench_decode_attention.py` times the others.
+32 keys per block, 4 warps, 3 stages): the fastest of 24 launches at every position on the H200
+(`kernels/bench_decode_attention.py`; docs/benchmarks/2026-12-01-h200-weight-switch-and-attention.md).
 
 Not bit-equal to SDPA (another summation order and exp2 in place of exp); deterministic: no atomics, each
 output written by one program, the keys and splits visited in one fixed order, so the same inputs give the
@@ -62,7 +63,7 @@ class Launch:
             raise ValueError(f"decode_attention: bad launch {self}")
 
 
-DEFAULT_LAUNCH = Launch()
+DEFAULT_LAUNCH = Launch(block_n=32, num_warps=4, num_stages=3, splits=1)
 
 
 def _add(a, b):

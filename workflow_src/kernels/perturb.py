@@ -32,69 +32,124 @@ except ImportError:  # pragma: no cover - the receipt then reports these cases a
 from ..randopt import noise
 from .common import DTYPES, Case
 
-BLOCK = 1024
+# The launch the Perturber's graph uses: the fastest of bench_perturb's sweep on the H200, within a few per
+# cent of several others (docs/benchmarks/2026-12-01-h200-weight-switch-and-attention.md).
+BLOCK = 4096
+NUM_WARPS = 8
 _KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
                       IN_KIND: tl.constexpr, OUT_KIND: tl.constexpr, BLOCK: tl.constexpr,
-                      FROM_PTR: tl.constexpr = False):
-    # FROM_PTR: seed (int64) and sigma (fp32) are read from one-element device tensors, so a captured
+                      FROM_PTR: tl.constexpr = False, LITERAL: tl.constexpr = False, MASKED: tl.constexpr = True):
+    # sigma: fp32(σ)'s bits as an integer (a float argument would lose −0.0's sign in the interpreter).
+    # FROM_PTR: seed (int64) and sigma (float32) are read from one-element device tensors, so a captured
     # CUDA graph of the launches serves every seed (the host writes the two values before a replay).
+    # LITERAL: hash every element's index word by word as the spec reads (the benchmark's comparison);
+    # otherwise the same bits with the work that is constant across a block done once per program.
+    # MASKED: the launch covers a partial block (the host launches whole blocks unmasked: a mask against a
+    # runtime length keeps Triton from vectorizing the loads and stores, and one 2-byte access per element
+    # halves the bandwidth). The multiplies and adds wrap on purpose (sanitize_overflow=False: TRITON_DEBUG
+    # must not flag them).
     if FROM_PTR:
         seed = tl.load(seed)
-        sigma = tl.load(sigma)
+        sigma_bits = tl.load(sigma).to(tl.uint32, bitcast=True)
+    else:
+        sigma_bits = sigma.to(tl.uint32)
     pid = tl.program_id(0)
-    local = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
-    mask = local < n
-    idx = offset.to(tl.int64) + local
-
-    # h = MurmurHash3_x86_32(idx as 8 little-endian bytes, seed), in uint32; the multiplies and adds
-    # wrap on purpose (sanitize_overflow=False: TRITON_DEBUG's overflow check must not flag them)
-    h = tl.full([BLOCK], 0, tl.uint32) + seed.to(tl.uint32)
-    k = idx.to(tl.uint32)  # the low word (truncation), then the high word
-    k = tl.mul(k, 0xCC9E2D51, sanitize_overflow=False)
-    k = (k << 15) | (k >> 17)
-    k = tl.mul(k, 0x1B873593, sanitize_overflow=False)
-    h = h ^ k
-    h = (h << 13) | (h >> 19)
-    h = tl.add(tl.mul(h, 5, sanitize_overflow=False), 0xE6546B64, sanitize_overflow=False)
-    k = (idx >> 32).to(tl.uint32)
-    k = tl.mul(k, 0xCC9E2D51, sanitize_overflow=False)
-    k = (k << 15) | (k >> 17)
-    k = tl.mul(k, 0x1B873593, sanitize_overflow=False)
-    h = h ^ k
-    h = (h << 13) | (h >> 19)
-    h = tl.add(tl.mul(h, 5, sanitize_overflow=False), 0xE6546B64, sanitize_overflow=False)
-    h = h ^ 8  # the key length in bytes
-    h = h ^ (h >> 16)
-    h = tl.mul(h, 0x85EBCA6B, sanitize_overflow=False)
-    h = h ^ (h >> 13)
-    h = tl.mul(h, 0xC2B2AE35, sanitize_overflow=False)
-    h = h ^ (h >> 16)
-    neg = (h >> 31) != 0  # R = -1 where bit 31 is set
+    if LITERAL:
+        local = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+        if MASKED:
+            mask = local < n
+        else:
+            mask = None
+        idx = offset.to(tl.int64) + local
+        # h = MurmurHash3_x86_32(idx as 8 little-endian bytes, seed), in uint32
+        h = tl.full([BLOCK], 0, tl.uint32) + seed.to(tl.uint32)
+        k = idx.to(tl.uint32)  # the low word (truncation), then the high word
+        k = tl.mul(k, 0xCC9E2D51, sanitize_overflow=False)
+        k = (k << 15) | (k >> 17)
+        k = tl.mul(k, 0x1B873593, sanitize_overflow=False)
+        h = h ^ k
+        h = (h << 13) | (h >> 19)
+        h = tl.add(tl.mul(h, 5, sanitize_overflow=False), 0xE6546B64, sanitize_overflow=False)
+        k = (idx >> 32).to(tl.uint32)
+        k = tl.mul(k, 0xCC9E2D51, sanitize_overflow=False)
+        k = (k << 15) | (k >> 17)
+        k = tl.mul(k, 0x1B873593, sanitize_overflow=False)
+        h = h ^ k
+        h = (h << 13) | (h >> 19)
+        h = tl.add(tl.mul(h, 5, sanitize_overflow=False), 0xE6546B64, sanitize_overflow=False)
+        h = h ^ 8  # the key length in bytes
+        h = h ^ (h >> 16)
+        h = tl.mul(h, 0x85EBCA6B, sanitize_overflow=False)
+        h = h ^ (h >> 13)
+        h = tl.mul(h, 0xC2B2AE35, sanitize_overflow=False)
+        h = h ^ (h >> 16)
+    else:
+        # The hash costs more integer instructions per element than the two memory accesses leave room
+        # for, so everything a block shares is scalar: the pointers and the global index in int64, the
+        # high word's mixing (the high word is g0's, or one more where the low word wrapped inside the
+        # block), and the lanes count in 32 bits.
+        start = pid.to(tl.int64) * BLOCK
+        base_ptr += start
+        target_ptr += start
+        lane = tl.arange(0, BLOCK)
+        local = lane
+        if MASKED:
+            mask = lane < tl.minimum(n - start, BLOCK).to(tl.int32)
+        else:
+            mask = None
+        g0 = offset.to(tl.int64) + start
+        lo0 = g0.to(tl.uint32)
+        hi0 = (g0 >> 32).to(tl.uint32)
+        khi0 = tl.mul(hi0, 0xCC9E2D51, sanitize_overflow=False)
+        khi0 = tl.mul((khi0 << 15) | (khi0 >> 17), 0x1B873593, sanitize_overflow=False)
+        khi1 = tl.mul(tl.add(hi0, 1, sanitize_overflow=False), 0xCC9E2D51, sanitize_overflow=False)
+        khi1 = tl.mul((khi1 << 15) | (khi1 >> 17), 0x1B873593, sanitize_overflow=False)
+        lo = tl.add(lane.to(tl.uint32), lo0, sanitize_overflow=False)
+        k = tl.mul(lo, 0xCC9E2D51, sanitize_overflow=False)
+        k = (k << 15) | (k >> 17)
+        k = tl.mul(k, 0x1B873593, sanitize_overflow=False)
+        h = k ^ seed.to(tl.uint32)
+        h = (h << 13) | (h >> 19)
+        h = tl.add(tl.mul(h, 5, sanitize_overflow=False), 0xE6546B64, sanitize_overflow=False)
+        h = h ^ tl.where(lo < lo0, khi1, khi0)
+        h = (h << 13) | (h >> 19)
+        h = tl.add(tl.mul(h, 5, sanitize_overflow=False), 0xE6546B64, sanitize_overflow=False)
+        h = h ^ 8
+        h = h ^ (h >> 16)
+        h = tl.mul(h, 0x85EBCA6B, sanitize_overflow=False)
+        h = h ^ (h >> 13)
+        h = tl.mul(h, 0xC2B2AE35, sanitize_overflow=False)
+        # fmix32's last step (h ^= h >> 16) leaves bit 31, R's sign, as it is: skipped
 
     # fp32(base), exact
+    if MASKED:
+        fill = 0
+    else:
+        fill = None  # Triton refuses `other` without a mask
     if IN_KIND == 1:  # bf16 bits in an int16 view
-        bits = tl.load(base_ptr + local, mask=mask, other=0).to(tl.uint16, bitcast=True)
+        bits = tl.load(base_ptr + local, mask=mask, other=fill).to(tl.uint16, bitcast=True)
         b = (bits.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
     elif IN_KIND == 2:  # fp16 bits in an int16 view; widening is exact
-        b = tl.load(base_ptr + local, mask=mask, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        b = tl.load(base_ptr + local, mask=mask, other=fill).to(tl.float16, bitcast=True).to(tl.float32)
     else:
-        b = tl.load(base_ptr + local, mask=mask, other=0.0)
-    s = sigma + tl.full([BLOCK], 0.0, tl.float32)  # fp32 in both modes (the interpreter passes a float)
-    v = tl.where(neg, b - s, b + s)  # one IEEE fp32 add of ±σ (b − σ ≡ b + (−σ); -s would be 0 − s)
+        b = tl.load(base_ptr + local, mask=mask, other=fill)
+    # R·σ is σ with its sign bit flipped where bit 31 of h is set: exact, so one IEEE fp32 add is the
+    # spec's fp32(W0) + fp32(σ)·R (signed zeros included)
+    v = b + (sigma_bits ^ (h & 0x80000000)).to(tl.float32, bitcast=True)
 
     if OUT_KIND == 0:
         tl.store(target_ptr + local, v, mask=mask)
     else:
         u = v.to(tl.uint32, bitcast=True)
         sgn = (u >> 16) & 0x8000
-        a = u & 0x7FFFFFFF
         if OUT_KIND == 1:  # bf16: add 0x7FFF + lsb, keep the high half
             r = tl.add(u, 0x7FFF + ((u >> 16) & 1), sanitize_overflow=False) >> 16  # NaNs may wrap
-            r = tl.where(a > 0x7F800000, sgn | 0x7FC0, r)
+            r = tl.where(v != v, sgn | 0x7FC0, r)  # a float compare: off the integer units
         else:  # fp16
+            a = u & 0x7FFFFFFF
             rb = tl.sub(a, 0x38000000, sanitize_overflow=False)  # rebias 127 -> 15 (wraps where unused)
             normal = tl.add(rb, 0x0FFF + ((rb >> 13) & 1), sanitize_overflow=False) >> 13
             e = (a >> 23).to(tl.int32)
@@ -151,35 +206,43 @@ def _check_pair(base: torch.Tensor, target: torch.Tensor, offset: int) -> int:
     return n
 
 
-def _launch(base, target, n, offset, seed, sigma, block, num_warps, interpret, from_ptr):
+def _launch(base, target, n, offset, seed, sigma, block, num_warps, interpret, from_ptr, literal=False):
     if interpret is None:
         interpret = base.device.type == "cpu" or os.environ.get("TRITON_INTERPRET") == "1"
     kernel = _kernel(interpret)
-    grid = ((n + block - 1) // block,)
     extra = {} if num_warps is None else {"num_warps": num_warps}
-    kernel[grid](_bits_view(base), _bits_view(target), n, offset, seed, sigma,
-                 IN_KIND=_KIND[base.dtype], OUT_KIND=_KIND[target.dtype], BLOCK=block, FROM_PTR=from_ptr, **extra)
+    src, dst = _bits_view(base).view(-1), _bits_view(target).view(-1)
+    whole = n - n % block
+    for start, count, masked in ((0, whole, False), (whole, n - whole, True)):  # whole blocks, then the rest
+        if count:
+            kernel[((count + block - 1) // block,)](
+                src[start:], dst[start:], count, offset + start, seed, sigma, IN_KIND=_KIND[base.dtype],
+                OUT_KIND=_KIND[target.dtype], BLOCK=block, FROM_PTR=from_ptr, LITERAL=literal, MASKED=masked,
+                **extra)
 
 
 @torch.no_grad()
 def reconstruct_triton(base: torch.Tensor, target: torch.Tensor, seed: int, sigma: float, offset: int,
                        block: int = BLOCK, interpret: bool | None = None,
-                       num_warps: int | None = None) -> torch.Tensor:
+                       num_warps: int | None = None, literal: bool = False) -> torch.Tensor:
     """target ← round_to(target.dtype, fp32(base) + fp32(σ)·R(seed, offset + j)), in place, one pass.
 
     `interpret`: run the Triton interpreter (None: for CPU tensors, or when TRITON_INTERPRET=1).
+    `literal`: hash each element's index word by word, as the spec reads (same bits, slower).
     """
     noise.check_seed(seed)
     n = _check_pair(base, target, offset)
     if n:
-        _launch(base, target, n, offset, seed, noise.sigma_fp32(sigma), block, num_warps, interpret, False)
+        sigma_bits = torch.tensor(noise.sigma_fp32(sigma), dtype=torch.float32).view(torch.int32).item() & noise.M32
+        _launch(base, target, n, offset, seed, sigma_bits, block, num_warps, interpret, False, literal)
     return target
 
 
 @torch.no_grad()
 def reconstruct_triton_from_device(base: torch.Tensor, target: torch.Tensor, seed_buf: torch.Tensor,
                                    sigma_buf: torch.Tensor, offset: int, block: int = BLOCK,
-                                   interpret: bool | None = None, num_warps: int | None = None) -> torch.Tensor:
+                                   interpret: bool | None = None, num_warps: int | None = None,
+                                   literal: bool = False) -> torch.Tensor:
     """As reconstruct_triton, with the seed and fp32 σ read by the kernel from one-element tensors
     (int64 and float32, on the tensors' device): the launch can be captured in a CUDA graph once."""
     if seed_buf.dtype != torch.int64 or sigma_buf.dtype != torch.float32 or seed_buf.numel() != 1 \
@@ -187,7 +250,7 @@ def reconstruct_triton_from_device(base: torch.Tensor, target: torch.Tensor, see
         raise TypeError("seed_buf must be one int64, sigma_buf one float32")
     n = _check_pair(base, target, offset)
     if n:
-        _launch(base, target, n, offset, seed_buf, sigma_buf, block, num_warps, interpret, True)
+        _launch(base, target, n, offset, seed_buf, sigma_buf, block, num_warps, interpret, True, literal)
     return target
 
 
@@ -197,7 +260,8 @@ class SwitchGraph:
     kernel launch (and its host overhead) per tensor. The targets' storage is written in place, so graphs
     captured over the model elsewhere stay valid."""
 
-    def __init__(self, base: dict, target: dict, layout, block: int = BLOCK, num_warps: int | None = None):
+    def __init__(self, base: dict, target: dict, layout, block: int = BLOCK, num_warps: int | None = NUM_WARPS,
+                 literal: bool = False):
         first = next(iter(target.values()))
         if first.device.type != "cuda":
             raise ValueError("SwitchGraph needs CUDA tensors")
@@ -210,7 +274,7 @@ class SwitchGraph:
         def launches():
             for name, offset, _ in layout:
                 reconstruct_triton_from_device(base[name], target[name], self.seed_buf, self.sigma_buf, offset,
-                                               block=block, interpret=False, num_warps=num_warps)
+                                               block=block, interpret=False, num_warps=num_warps, literal=literal)
 
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
