@@ -67,6 +67,39 @@ def test_kernel_rounding_on_edge_patterns(dout):
     assert torch.isnan(got).sum() == torch.isnan(base).sum() >= 3
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("sigma", [0.0, 1e-3, 3e38])
+def test_bf16_word_kernel_on_edge_patterns_and_a_wrapping_block(sigma):
+    """The `words` kernel (two bf16 per 32-bit word, NaNs by integer minimums, shifts as high multiplies)
+    on the bf16 edge patterns (NaNs of both signs, ±inf, ±0, ties), where a block's low index word wraps,
+    and from a slice that is not 4-byte aligned (the hoisted kernel takes it); `_wrapping_blocks` decides
+    which block gets the per-element select: without it the wrapping block's bits are wrong."""
+    base = _edge_patterns().to(torch.bfloat16)[:10_240]
+    offset = 2**32 - 1000  # with blocks of 256 the wrap falls inside block 3
+    assert perturb._wrapping_blocks(offset, base.numel(), 256) == [3]
+    want = torch.empty_like(base)
+    noise.reconstruct_tensor_reference(base, want, 77, sigma, offset)
+    got = torch.empty_like(base)
+    perturb.reconstruct_triton(base, got, 77, sigma, offset, block=256, variant="words")
+    assert bit_equal(got, want)
+    got_odd = torch.empty_like(base)
+    perturb.reconstruct_triton(base[1:], got_odd[1:], 77, sigma, offset + 1, block=256, variant="words")
+    assert bit_equal(got_odd[1:], want[1:])
+
+
+def test_word_kernel_negative_control(monkeypatch):
+    base = perturb.base_values((2048,), torch.bfloat16, 1e-3, seed=2, device="cpu")
+    want, got = torch.empty_like(base), torch.empty_like(base)
+    noise.reconstruct_tensor_reference(base, want, 5, 1e-3, 2**32 - 1000)
+    monkeypatch.setattr(perturb, "_wrapping_blocks", lambda offset, count, block: [])
+    perturb.reconstruct_triton(base, got, 5, 1e-3, 2**32 - 1000, block=256, variant="words")
+    wrong = (got.view(torch.int16) != want.view(torch.int16)).nonzero().flatten()
+    assert len(wrong) and wrong.min() >= 1000 and wrong.max() < 1024  # block 3 = [768, 1024), past the wrap
+    with pytest.raises(ValueError, match="variant"):
+        perturb.reconstruct_triton(base, got, 5, 1e-3, 0, variant="fast")
+
+
 def test_in_place_and_independent_of_previous_contents():
     base = perturb.base_values((300,), torch.bfloat16, 1e-3, seed=1, device="cpu")
     target = torch.randn(300).to(torch.bfloat16)
@@ -157,9 +190,9 @@ def test_interpreter_with_env_set_before_import():
         assert digest == tensor_digest(want), dname
 
 
-@pytest.mark.parametrize("literal", [False, True])
+@pytest.mark.parametrize("variant", perturb.VARIANTS)
 @pytest.mark.parametrize("offset", [0, 2**32 - 100, 2**33 - 3, 2**63 - 5000])
-def test_both_hash_paths_at_word_boundaries_and_any_sigma_sign(literal, offset):
+def test_every_variant_at_word_boundaries_and_any_sigma_sign(variant, offset):
     """The per-block hoisting of the high word holds where a block's low word wraps (2**32 − 100 with
     blocks of 256 crosses inside a block), next to 2**63, and σ's sign reaches the sum (σ = −0.0 keeps
     a −0 base, which +0.0 would turn into +0)."""
@@ -167,7 +200,7 @@ def test_both_hash_paths_at_word_boundaries_and_any_sigma_sign(literal, offset):
         base = perturb.base_values((3000,), torch.bfloat16, sigma or 1e-3, seed=3, device="cpu")
         base[:10] = -0.0
         got, want = torch.empty_like(base), torch.empty_like(base)
-        perturb.reconstruct_triton(base, got, 0xFFFFFFFF, sigma, offset, block=256, literal=literal)
+        perturb.reconstruct_triton(base, got, 0xFFFFFFFF, sigma, offset, block=256, variant=variant)
         noise.reconstruct_tensor_reference(base, want, 0xFFFFFFFF, sigma, offset)
         assert bit_equal(got, want), (sigma, offset)
         if str(sigma) == "-0.0":  # −0 + (±0)·R: −0 + −0 = −0 where R = +1, −0 + +0 = +0 where R = −1
@@ -177,15 +210,15 @@ def test_both_hash_paths_at_word_boundaries_and_any_sigma_sign(literal, offset):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("literal", [False, True])
+@pytest.mark.parametrize("variant", perturb.VARIANTS)
 @pytest.mark.parametrize("din,dout", [("fp32", "fp32"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "bf16")])
-def test_gpu_kernel_equals_cpu_reference(din, dout, literal):
+def test_gpu_kernel_equals_cpu_reference(din, dout, variant):
     shape, seed, sigma, offset = (1000, 4099), 0x12345678, 1e-3, 2**32 - 77777
     base = perturb.base_values(shape, DT[din], sigma, seed=8, device="cpu")
     want = torch.empty(shape, dtype=DT[dout])
     noise.reconstruct_tensor_reference(base, want, seed, sigma, offset)
     got = torch.empty(shape, dtype=DT[dout], device="cuda")
-    perturb.reconstruct_triton(base.cuda(), got, seed, sigma, offset, interpret=False, literal=literal)
+    perturb.reconstruct_triton(base.cuda(), got, seed, sigma, offset, interpret=False, variant=variant)
     assert bit_equal(got.cpu(), want)
     ref_gpu = torch.empty_like(got)
     noise.reconstruct_tensor_reference(base.cuda(), ref_gpu, seed, sigma, offset)  # torch reference on GPU

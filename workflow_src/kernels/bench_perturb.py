@@ -7,9 +7,11 @@ device-to-device copy (the bandwidth ceiling), plus GPU-vs-CPU sign checks at re
 A switch from seed A to seed B is what the population loop pays per seed:
   perturb+restore: restore A (regenerate A's noise, subtract) + perturb B (generate, add): per tensor
                    two randn and two in-place adds, as the upstream harness does it;
-  fused:           target ← base + σ·R(B) in one pass from the resident base (4 bytes/param in bf16);
-  fused literal:   the same kernel hashing every element's index word by word as the spec reads
-                   (the high word's mixing and the int64 index per element: the kernel before 2026-12-01).
+  fused:           target ← base + σ·R(B) in one pass from the resident base (4 bytes/param in bf16), with
+                   the default kernel variant (perturb.DEFAULT_VARIANT), per-tensor launches and as one
+                   CUDA graph (perturb.SwitchGraph, what the Perturber replays);
+  other variants:  perturb.VARIANTS, each as a CUDA graph at its own best launch of the sweep, and its bits
+                   compared with the default variant's on every tensor.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 
 from ..model.shapes import architecture, parameter_shapes
 from ..randopt import noise
-from .perturb import SwitchGraph, reconstruct_triton
+from .perturb import BLOCK, DEFAULT_VARIANT, NUM_WARPS, VARIANTS, SwitchGraph, reconstruct_triton
 
 # Benchmark labels -> public architectures (workflow_src/model/shapes.py).
 SHAPE_LABELS = {"0.5B": "qwen2.5-0.5b", "1.5B": "qwen2.5-1.5b", "7B": "qwen2.5-7b"}
@@ -62,7 +64,7 @@ def copy_bandwidth(gib: float = 4.0, repeats: int = 10) -> dict:
 
 
 def sweep_launch_configs(numel: int, repeats: int, blocks=(512, 1024, 2048, 4096, 8192), warps=(2, 4, 8, 16),
-                         literal: bool = False) -> list[dict]:
+                         variant: str = DEFAULT_VARIANT) -> list[dict]:
     """GB/s of one reconstruct launch over one bf16 tensor of `numel` elements per (BLOCK, num_warps)."""
     base = torch.empty(numel, dtype=torch.bfloat16, device="cuda").normal_(0, 0.02)
     target = torch.empty_like(base)
@@ -70,17 +72,18 @@ def sweep_launch_configs(numel: int, repeats: int, blocks=(512, 1024, 2048, 4096
     for block in blocks:
         for nw in warps:
             ms = timed(lambda: reconstruct_triton(base, target, 7, 1e-3, 0, block=block, interpret=False,
-                                                  num_warps=nw, literal=literal), repeats)
+                                                  num_warps=nw, variant=variant), repeats)
             med = statistics.median(ms)
-            out.append({"block": block, "num_warps": nw, "literal": literal, "ms_median": med, "ms_all": ms,
+            out.append({"block": block, "num_warps": nw, "variant": variant, "ms_median": med, "ms_all": ms,
                         "gb_per_s": 4 * numel / med / 1e6})
     del base, target
     torch.cuda.empty_cache()
     return out
 
 
-def bench_set(label: str, shapes, sigma: float, repeats: int, block: int = 1024, num_warps: int | None = None,
-              literal_launch: tuple[int, int] | None = None) -> dict:
+def bench_set(label: str, shapes, sigma: float, repeats: int, launches: dict[str, tuple[int, int | None]]) -> dict:
+    """`launches`: (BLOCK, num_warps) per kernel variant; the default variant's is also the per-tensor one."""
+    block, num_warps = launches[DEFAULT_VARIANT]
     dtype = torch.bfloat16
     g = torch.Generator(device="cuda").manual_seed(0)
     base = [torch.randn(s, generator=g, device="cuda", dtype=torch.float32).mul_(0.02).to(dtype) for s in shapes]
@@ -117,25 +120,29 @@ def bench_set(label: str, shapes, sigma: float, repeats: int, block: int = 1024,
         state["seed"] += 1
         graph.switch(state["seed"], sigma)
 
-    lit_block, lit_warps = literal_launch or (block, num_warps)
-    literal_graph = SwitchGraph(dict(zip(names, base)), dict(zip(names, target)), layout, block=lit_block,
-                                num_warps=lit_warps, literal=True)
-
-    def switch_literal_graph() -> None:
-        state["seed"] += 1
-        literal_graph.switch(state["seed"], sigma)
+    others = {v: SwitchGraph(dict(zip(names, base)), dict(zip(names, target)), layout, block=launches[v][0],
+                             num_warps=launches[v][1], variant=v) for v in launches if v != DEFAULT_VARIANT}
 
     perturb(state["seed"], +1.0)
     old = timed(switch_old, repeats)
     fused = timed(switch_fused, repeats)
     fused_graph = timed(switch_graph, repeats)
-    fused_literal_graph = timed(switch_literal_graph, repeats)
-    # The literal kernel's bits: one switch, compared with the hoisted kernel's on every tensor.
-    literal_graph.switch(777, sigma)
-    literal_out = [t.clone() for t in target]
-    graph.switch(777, sigma)
-    literal_equal = all(torch.equal(a.view(torch.int16), t.view(torch.int16)) for a, t in zip(literal_out, target))
-    del literal_graph, literal_out
+    variants = {}
+    for v, other in others.items():
+        def switch_other(other=other) -> None:
+            state["seed"] += 1
+            other.switch(state["seed"], sigma)
+        ms = timed(switch_other, repeats)
+        other.switch(777, sigma)  # its bits against the default variant's, on every tensor
+        out = [t.clone() for t in target]
+        graph.switch(777, sigma)
+        equal = all(torch.equal(a.view(torch.int16), t.view(torch.int16)) for a, t in zip(out, target))
+        med = statistics.median(ms)
+        variants[v] = {"block": launches[v][0], "num_warps": launches[v][1], "graph_ms": med, "graph_ms_all": ms,
+                       "graph_gb_per_s": 4 * n / med / 1e6, "speedup": statistics.median(old) / med,
+                       "equals_default": equal}
+        del out
+    del others
     # The graph's bits: one more switch, then the torch reference on the GPU for the first tensors.
     graph.switch(424242, sigma)
     graph_equal = True
@@ -167,18 +174,14 @@ def bench_set(label: str, shapes, sigma: float, repeats: int, block: int = 1024,
         checks["cpu_slices_equal"] &= bool(torch.equal(t[sl].cpu().view(torch.int16), cpu_out.view(torch.int16)))
         checks["elements_checked_cpu"] += cpu_out.numel()
     med_old, med_fused, med_graph = statistics.median(old), statistics.median(fused), statistics.median(fused_graph)
-    med_literal = statistics.median(fused_literal_graph)
     res = {"label": label, "params": n, "tensors": len(base), "dtype": "bfloat16", "sigma": sigma,
-           "block": block, "num_warps": num_warps,
+           "variant": DEFAULT_VARIANT, "block": block, "num_warps": num_warps,
            "perturb_restore_ms": med_old, "fused_ms": med_fused, "speedup": med_old / med_fused,
            "fused_bytes": 4 * n, "fused_gb_per_s": 4 * n / med_fused / 1e6,
            "fused_graph_ms": med_graph, "graph_speedup": med_old / med_graph,
            "fused_graph_gb_per_s": 4 * n / med_graph / 1e6, "graph_reference_equal": graph_equal,
-           "literal_block": lit_block, "literal_num_warps": lit_warps, "fused_literal_graph_ms": med_literal,
-           "literal_graph_speedup": med_old / med_literal, "fused_literal_graph_gb_per_s": 4 * n / med_literal / 1e6,
-           "hoisted_over_literal": med_literal / med_graph, "literal_equals_hoisted": literal_equal,
-           "perturb_restore_ms_all": old, "fused_ms_all": fused, "fused_graph_ms_all": fused_graph,
-           "fused_literal_graph_ms_all": fused_literal_graph, **checks}
+           "variants": variants,
+           "perturb_restore_ms_all": old, "fused_ms_all": fused, "fused_graph_ms_all": fused_graph, **checks}
     del base, target
     torch.cuda.empty_cache()
     return res
@@ -189,33 +192,35 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", nargs="*", default=["50M", "200M", "1.5B", "7B"])
     ap.add_argument("--sigma", type=float, default=1e-3)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
+                    help=f"kernel variants to time (the default variant, {DEFAULT_VARIANT}, always)")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--sweep-numel", type=int, default=1_500_000_000,
                     help="elements of the single bf16 tensor the (BLOCK, num_warps) sweep runs on (0: no sweep)")
     a = ap.parse_args(argv)
+    a.variants = [DEFAULT_VARIANT] + [v for v in dict.fromkeys(a.variants) if v != DEFAULT_VARIANT]
     if not torch.cuda.is_available():
         raise SystemExit("bench_perturb needs a CUDA device")
     t0 = time.time()
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy": copy_bandwidth(), "sets": []}
     import triton
     doc["triton"] = triton.__version__
-    from .perturb import BLOCK, NUM_WARPS
-    block, num_warps, literal_launch = BLOCK, NUM_WARPS, None
+    launches = {v: (BLOCK, NUM_WARPS) for v in a.variants}
     if a.sweep_numel:
-        doc["sweep"] = sweep_launch_configs(a.sweep_numel, a.repeats)
-        doc["sweep_literal"] = sweep_launch_configs(a.sweep_numel, a.repeats, literal=True)
-        best = max(doc["sweep"], key=lambda r: r["gb_per_s"])
-        block, num_warps = best["block"], best["num_warps"]
-        best_literal = max(doc["sweep_literal"], key=lambda r: r["gb_per_s"])
-        literal_launch = best_literal["block"], best_literal["num_warps"]
-        for r in doc["sweep"] + doc["sweep_literal"]:
-            print(f"sweep {'literal' if r['literal'] else 'hoisted'} BLOCK={r['block']:>5} num_warps={r['num_warps']:>2}:"
-                  f" {r['gb_per_s']:.0f} GB/s", flush=True)
+        doc["sweep"] = []
+        for v in a.variants:
+            rows = sweep_launch_configs(a.sweep_numel, a.repeats, variant=v)
+            best = max(rows, key=lambda r: r["gb_per_s"])
+            launches[v] = best["block"], best["num_warps"]
+            doc["sweep"] += rows
+        for r in doc["sweep"]:
+            print(f"sweep {r['variant']:>8} BLOCK={r['block']:>5} num_warps={r['num_warps']:>2}: {r['gb_per_s']:.0f} GB/s",
+                  flush=True)
     for label in a.shapes:
         shapes = flat_shapes({"50M": 50_000_000, "200M": 200_000_000}[label]) if label.endswith("M") \
             else qwen2_param_shapes(label)
         r = bench_set(label if label.endswith("M") else f"Qwen2.5-{label} shapes", shapes, a.sigma, a.repeats,
-                      block, num_warps, literal_launch)
+                      launches)
         r["fraction_of_copy_bandwidth"] = r["fused_gb_per_s"] / doc["copy"]["gb_per_s"]
         r["graph_fraction_of_copy_bandwidth"] = r["fused_graph_gb_per_s"] / doc["copy"]["gb_per_s"]
         doc["sets"].append(r)
@@ -223,8 +228,10 @@ def main(argv: list[str] | None = None) -> None:
               f" fused {r['fused_ms']:.2f} ms ({r['speedup']:.1f}x, {r['fused_gb_per_s']:.0f} GB/s ="
               f" {100 * r['fraction_of_copy_bandwidth']:.0f}% of copy), graph {r['fused_graph_ms']:.2f} ms"
               f" ({r['graph_speedup']:.1f}x, {100 * r['graph_fraction_of_copy_bandwidth']:.0f}% of copy,"
-              f" bits {r['graph_reference_equal']}), literal graph {r['fused_literal_graph_ms']:.2f} ms"
-              f" (bits {r['literal_equals_hoisted']}), bits gpu={r['gpu_reference_equal']}"
+              f" bits {r['graph_reference_equal']}),"
+              + "".join(f" {v} graph {x['graph_ms']:.2f} ms ({100 * x['graph_gb_per_s'] / doc['copy']['gb_per_s']:.0f}%"
+                        f" of copy, bits {x['equals_default']})," for v, x in r["variants"].items())
+              + f" bits gpu={r['gpu_reference_equal']}"
               f" cpu={r['cpu_slices_equal']}", flush=True)
     doc["seconds"] = time.time() - t0
     with open(a.out, "w") as f:

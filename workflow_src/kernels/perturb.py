@@ -36,6 +36,12 @@ from .common import DTYPES, Case
 # cent of several others (docs/benchmarks/2026-12-01-h200-weight-switch-and-attention.md).
 BLOCK = 4096
 NUM_WARPS = 8
+# Same bits, different instructions: `hoisted` (_reconstruct_body: per program what a block shares),
+# `literal` (_reconstruct_body hashing each element's index word by word, as the spec reads), `words`
+# (_reconstruct_words_body for bf16 → bf16 whole blocks, the rest as `hoisted`; fewer integer instructions
+# per element by a SASS count, not yet timed on a GPU).
+VARIANTS = ("hoisted", "literal", "words")
+DEFAULT_VARIANT = "hoisted"
 _KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
@@ -167,14 +173,78 @@ def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
         tl.store(target_ptr + local, r.to(tl.uint16).to(tl.int16, bitcast=True), mask=mask)
 
 
+def _reconstruct_words_body(base_ptr, target_ptr, offset, seed, sigma, BLOCK: tl.constexpr,
+                            FROM_PTR: tl.constexpr = False, WRAP: tl.constexpr = False):
+    """bf16 → bf16 over whole blocks, two elements per 32-bit word (int32 views; the even element in the low
+    half): the same bits as `_reconstruct_body`, with fewer integer-ALU instructions per element, by a SASS
+    count for sm_90 (docs/randopt-noise.md): one load and one store per two elements; the per-element
+    high-word select only in a block where the low word wraps (WRAP, set by the host); NaN handling by two
+    integer minimums; the constant right shifts as high multiplies (`umulhi`), which issue on the
+    multiply pipe instead of the integer ALU."""
+    if FROM_PTR:
+        seed = tl.load(seed)
+        sigma_bits = tl.load(sigma).to(tl.uint32, bitcast=True)
+    else:
+        sigma_bits = sigma.to(tl.uint32)
+    pid = tl.program_id(0)
+    g0 = offset.to(tl.int64) + pid.to(tl.int64) * BLOCK
+    lo0 = g0.to(tl.uint32)
+    hi0 = (g0 >> 32).to(tl.uint32)
+    khi0 = tl.mul(hi0, 0xCC9E2D51, sanitize_overflow=False)
+    khi0 = tl.mul((khi0 << 15) | (khi0 >> 17), 0x1B873593, sanitize_overflow=False)
+    khi1 = tl.mul(tl.add(hi0, 1, sanitize_overflow=False), 0xCC9E2D51, sanitize_overflow=False)
+    khi1 = tl.mul((khi1 << 15) | (khi1 >> 17), 0x1B873593, sanitize_overflow=False)
+    j = tl.arange(0, BLOCK // 2)
+    words = pid.to(tl.int64) * (BLOCK // 2)
+    w = tl.load(base_ptr + words + j).to(tl.uint32, bitcast=True)
+    for half in tl.static_range(2):  # the even elements (low halves), then the odd ones (high halves)
+        lo = tl.add((2 * j + half).to(tl.uint32), lo0, sanitize_overflow=False)
+        k = tl.mul(lo, 0xCC9E2D51, sanitize_overflow=False)
+        k = (k << 15) | (k >> 17)
+        k = tl.mul(k, 0x1B873593, sanitize_overflow=False)
+        h = k ^ seed.to(tl.uint32)
+        h = (h << 13) | (h >> 19)
+        h = tl.add(tl.mul(h, 5, sanitize_overflow=False), 0xE6546B64, sanitize_overflow=False)
+        if WRAP:
+            h = h ^ tl.where(lo < lo0, khi1, khi0)
+        else:
+            h = h ^ khi0
+        h = (h << 13) | (h >> 19)
+        h = tl.add(tl.mul(h, 5, sanitize_overflow=False), 0xE6546B64, sanitize_overflow=False)
+        h = (h ^ 8) ^ tl.umulhi(h, 1 << 16)  # h ^= 8; h ^= h >> 16 ((h ^ 8) >> 16 is h >> 16)
+        h = tl.mul(h, 0x85EBCA6B, sanitize_overflow=False)
+        h = h ^ tl.umulhi(h, 1 << 19)  # h ^= h >> 13
+        h = tl.mul(h, 0xC2B2AE35, sanitize_overflow=False)
+        if half == 0:
+            b = (w << 16).to(tl.float32, bitcast=True)
+        else:
+            b = (w & 0xFFFF0000).to(tl.float32, bitcast=True)
+        u = (b + (sigma_bits ^ (h & 0x80000000)).to(tl.float32, bitcast=True)).to(tl.uint32, bitcast=True)
+        # A NaN sum is a quiet NaN (≥ 0x7FC00000 in magnitude): the signed minimum maps the positive ones to
+        # 0x7FC00000, the unsigned one the negative ones to 0xFFC00000, and nothing else moves; both then
+        # round to sign | 0x7FC0, as in _reconstruct_body
+        u = tl.minimum(u.to(tl.int32, bitcast=True), 0x7FC00000).to(tl.uint32, bitcast=True)
+        u = tl.minimum(u, 0xFFC00000)
+        rounded = tl.add(u, 0x7FFF + tl.umulhi(u << 15, 2), sanitize_overflow=False)  # + bit 16 of u
+        if half == 0:
+            even = rounded
+        else:
+            odd = rounded
+    out = (odd & 0xFFFF0000) | (even >> 16)
+    tl.store(target_ptr + words + j, out.to(tl.int32, bitcast=True))
+
+
 @functools.cache
-def _kernel(interpret: bool):
-    """The jitted kernel, decorated with TRITON_INTERPRET set to `interpret` (read at decoration)."""
+def _kernel(interpret: bool, words: bool = False):
+    """The jitted kernel (`words`: the bf16 word kernel), decorated with TRITON_INTERPRET set to `interpret`
+    (read at decoration)."""
     if triton is None:
         raise ImportError("the perturb kernel needs triton (requirements.txt pins it)")
     prev = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
     try:
+        if words:
+            return triton.jit(_reconstruct_words_body, do_not_specialize=["offset", "seed", "sigma"])
         return triton.jit(_reconstruct_body, do_not_specialize=["n", "offset", "seed", "sigma"])
     finally:
         if prev is None:
@@ -206,35 +276,67 @@ def _check_pair(base: torch.Tensor, target: torch.Tensor, offset: int) -> int:
     return n
 
 
-def _launch(base, target, n, offset, seed, sigma, block, num_warps, interpret, from_ptr, literal=False):
+def _wrapping_blocks(offset: int, count: int, block: int) -> list[int]:
+    """Blocks of [offset, offset + count) inside which the global index crosses a multiple of 2**32."""
+    first = offset // 2**32 + 1
+    return [(m * 2**32 - offset) // block for m in range(first, (offset + count - 1) // 2**32 + 1)
+            if (m * 2**32 - offset) % block]
+
+
+def _word_views(src: torch.Tensor, dst: torch.Tensor, start: int, count: int):
+    """int32 views of [start, start + count) of two int16 views, or None where one is not 4-byte aligned."""
+    try:
+        return src[start:start + count].view(torch.int32), dst[start:start + count].view(torch.int32)
+    except RuntimeError:
+        return None
+
+
+def _launch(base, target, n, offset, seed, sigma, block, num_warps, interpret, from_ptr, variant):
+    if variant not in VARIANTS:
+        raise ValueError(f"perturb kernel variant {variant!r}; known: {VARIANTS}")
     if interpret is None:
         interpret = base.device.type == "cpu" or os.environ.get("TRITON_INTERPRET") == "1"
-    kernel = _kernel(interpret)
     extra = {} if num_warps is None else {"num_warps": num_warps}
     src, dst = _bits_view(base).view(-1), _bits_view(target).view(-1)
     whole = n - n % block
-    for start, count, masked in ((0, whole, False), (whole, n - whole, True)):  # whole blocks, then the rest
+    bf16 = base.dtype == target.dtype == torch.bfloat16
+    if variant == "words" and bf16 and whole and block % 2 == 0 and _word_views(src, dst, 0, whole) is not None:
+        kernel = _kernel(interpret, words=True)
+        cuts = [0]
+        for b in _wrapping_blocks(offset, whole, block):  # launched alone, with the per-element select
+            cuts += [b, b + 1]
+        cuts.append(whole // block)
+        for i, (lo, hi) in enumerate(zip(cuts, cuts[1:])):
+            if hi > lo:
+                s32, d32 = _word_views(src, dst, lo * block, (hi - lo) * block)
+                kernel[(hi - lo,)](s32, d32, offset + lo * block, seed, sigma, BLOCK=block, FROM_PTR=from_ptr,
+                                   WRAP=i % 2 == 1, **extra)
+        parts = ((whole, n - whole, True),)
+    else:
+        parts = ((0, whole, False), (whole, n - whole, True))  # whole blocks, then the rest
+    kernel = _kernel(interpret)
+    for start, count, masked in parts:
         if count:
             kernel[((count + block - 1) // block,)](
                 src[start:], dst[start:], count, offset + start, seed, sigma, IN_KIND=_KIND[base.dtype],
-                OUT_KIND=_KIND[target.dtype], BLOCK=block, FROM_PTR=from_ptr, LITERAL=literal, MASKED=masked,
-                **extra)
+                OUT_KIND=_KIND[target.dtype], BLOCK=block, FROM_PTR=from_ptr, LITERAL=variant == "literal",
+                MASKED=masked, **extra)
 
 
 @torch.no_grad()
 def reconstruct_triton(base: torch.Tensor, target: torch.Tensor, seed: int, sigma: float, offset: int,
                        block: int = BLOCK, interpret: bool | None = None,
-                       num_warps: int | None = None, literal: bool = False) -> torch.Tensor:
+                       num_warps: int | None = None, variant: str = DEFAULT_VARIANT) -> torch.Tensor:
     """target ← round_to(target.dtype, fp32(base) + fp32(σ)·R(seed, offset + j)), in place, one pass.
 
     `interpret`: run the Triton interpreter (None: for CPU tensors, or when TRITON_INTERPRET=1).
-    `literal`: hash each element's index word by word, as the spec reads (same bits, slower).
+    `variant`: one of VARIANTS (same bits).
     """
     noise.check_seed(seed)
     n = _check_pair(base, target, offset)
     if n:
         sigma_bits = torch.tensor(noise.sigma_fp32(sigma), dtype=torch.float32).view(torch.int32).item() & noise.M32
-        _launch(base, target, n, offset, seed, sigma_bits, block, num_warps, interpret, False, literal)
+        _launch(base, target, n, offset, seed, sigma_bits, block, num_warps, interpret, False, variant)
     return target
 
 
@@ -242,7 +344,7 @@ def reconstruct_triton(base: torch.Tensor, target: torch.Tensor, seed: int, sigm
 def reconstruct_triton_from_device(base: torch.Tensor, target: torch.Tensor, seed_buf: torch.Tensor,
                                    sigma_buf: torch.Tensor, offset: int, block: int = BLOCK,
                                    interpret: bool | None = None, num_warps: int | None = None,
-                                   literal: bool = False) -> torch.Tensor:
+                                   variant: str = DEFAULT_VARIANT) -> torch.Tensor:
     """As reconstruct_triton, with the seed and fp32 σ read by the kernel from one-element tensors
     (int64 and float32, on the tensors' device): the launch can be captured in a CUDA graph once."""
     if seed_buf.dtype != torch.int64 or sigma_buf.dtype != torch.float32 or seed_buf.numel() != 1 \
@@ -250,7 +352,7 @@ def reconstruct_triton_from_device(base: torch.Tensor, target: torch.Tensor, see
         raise TypeError("seed_buf must be one int64, sigma_buf one float32")
     n = _check_pair(base, target, offset)
     if n:
-        _launch(base, target, n, offset, seed_buf, sigma_buf, block, num_warps, interpret, True, literal)
+        _launch(base, target, n, offset, seed_buf, sigma_buf, block, num_warps, interpret, True, variant)
     return target
 
 
@@ -261,7 +363,7 @@ class SwitchGraph:
     captured over the model elsewhere stay valid."""
 
     def __init__(self, base: dict, target: dict, layout, block: int = BLOCK, num_warps: int | None = NUM_WARPS,
-                 literal: bool = False):
+                 variant: str = DEFAULT_VARIANT):
         first = next(iter(target.values()))
         if first.device.type != "cuda":
             raise ValueError("SwitchGraph needs CUDA tensors")
@@ -274,7 +376,7 @@ class SwitchGraph:
         def launches():
             for name, offset, _ in layout:
                 reconstruct_triton_from_device(base[name], target[name], self.seed_buf, self.sigma_buf, offset,
-                                               block=block, interpret=False, num_warps=num_warps, literal=literal)
+                                               block=block, interpret=False, num_warps=num_warps, variant=variant)
 
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
