@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover - the receipt then reports these cases a
 
 from ..randopt import noise
 from .common import DTYPES, Case
+from .swiglu import jit_in_mode
 
 # The launch the Perturber's graph uses: the fastest of bench_perturb's sweep on the H200, within a few per
 # cent of several others (docs/benchmarks/2026-12-01-h200-weight-switch-and-attention.md).
@@ -43,6 +44,19 @@ NUM_WARPS = 8
 VARIANTS = ("hoisted", "literal", "words")
 DEFAULT_VARIANT = "hoisted"
 _KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def _key_mix(k):
+    """MurmurHash3_x86_32's mixing of one 32-bit key word (k·c1, rotl 15, ·c2), wrapping."""
+    k = tl.mul(k, 0xCC9E2D51, sanitize_overflow=False)
+    k = (k << 15) | (k >> 17)
+    return tl.mul(k, 0x1B873593, sanitize_overflow=False)
+
+
+def _state_step(h):
+    """The state update after a key word is xored in: rotl 13, then h·5 + n, wrapping."""
+    h = (h << 13) | (h >> 19)
+    return tl.add(tl.mul(h, 5, sanitize_overflow=False), 0xE6546B64, sanitize_overflow=False)
 
 
 def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
@@ -72,20 +86,8 @@ def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
         idx = offset.to(tl.int64) + local
         # h = MurmurHash3_x86_32(idx as 8 little-endian bytes, seed), in uint32
         h = tl.full([BLOCK], 0, tl.uint32) + seed.to(tl.uint32)
-        k = idx.to(tl.uint32)  # the low word (truncation), then the high word
-        k = tl.mul(k, 0xCC9E2D51, sanitize_overflow=False)
-        k = (k << 15) | (k >> 17)
-        k = tl.mul(k, 0x1B873593, sanitize_overflow=False)
-        h = h ^ k
-        h = (h << 13) | (h >> 19)
-        h = tl.add(tl.mul(h, 5, sanitize_overflow=False), 0xE6546B64, sanitize_overflow=False)
-        k = (idx >> 32).to(tl.uint32)
-        k = tl.mul(k, 0xCC9E2D51, sanitize_overflow=False)
-        k = (k << 15) | (k >> 17)
-        k = tl.mul(k, 0x1B873593, sanitize_overflow=False)
-        h = h ^ k
-        h = (h << 13) | (h >> 19)
-        h = tl.add(tl.mul(h, 5, sanitize_overflow=False), 0xE6546B64, sanitize_overflow=False)
+        for word in tl.static_range(2):  # the low word (truncation), then the high word
+            h = _state_step(h ^ _key_mix((idx >> (32 * word)).to(tl.uint32)))
         h = h ^ 8  # the key length in bytes
         h = h ^ (h >> 16)
         h = tl.mul(h, 0x85EBCA6B, sanitize_overflow=False)
@@ -109,20 +111,11 @@ def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
         g0 = offset.to(tl.int64) + start
         lo0 = g0.to(tl.uint32)
         hi0 = (g0 >> 32).to(tl.uint32)
-        khi0 = tl.mul(hi0, 0xCC9E2D51, sanitize_overflow=False)
-        khi0 = tl.mul((khi0 << 15) | (khi0 >> 17), 0x1B873593, sanitize_overflow=False)
-        khi1 = tl.mul(tl.add(hi0, 1, sanitize_overflow=False), 0xCC9E2D51, sanitize_overflow=False)
-        khi1 = tl.mul((khi1 << 15) | (khi1 >> 17), 0x1B873593, sanitize_overflow=False)
+        khi0 = _key_mix(hi0)
+        khi1 = _key_mix(tl.add(hi0, 1, sanitize_overflow=False))
         lo = tl.add(lane.to(tl.uint32), lo0, sanitize_overflow=False)
-        k = tl.mul(lo, 0xCC9E2D51, sanitize_overflow=False)
-        k = (k << 15) | (k >> 17)
-        k = tl.mul(k, 0x1B873593, sanitize_overflow=False)
-        h = k ^ seed.to(tl.uint32)
-        h = (h << 13) | (h >> 19)
-        h = tl.add(tl.mul(h, 5, sanitize_overflow=False), 0xE6546B64, sanitize_overflow=False)
-        h = h ^ tl.where(lo < lo0, khi1, khi0)
-        h = (h << 13) | (h >> 19)
-        h = tl.add(tl.mul(h, 5, sanitize_overflow=False), 0xE6546B64, sanitize_overflow=False)
+        h = _state_step(_key_mix(lo) ^ seed.to(tl.uint32))
+        h = _state_step(h ^ tl.where(lo < lo0, khi1, khi0))
         h = h ^ 8
         h = h ^ (h >> 16)
         h = tl.mul(h, 0x85EBCA6B, sanitize_overflow=False)
@@ -190,27 +183,18 @@ def _reconstruct_words_body(base_ptr, target_ptr, offset, seed, sigma, BLOCK: tl
     g0 = offset.to(tl.int64) + pid.to(tl.int64) * BLOCK
     lo0 = g0.to(tl.uint32)
     hi0 = (g0 >> 32).to(tl.uint32)
-    khi0 = tl.mul(hi0, 0xCC9E2D51, sanitize_overflow=False)
-    khi0 = tl.mul((khi0 << 15) | (khi0 >> 17), 0x1B873593, sanitize_overflow=False)
-    khi1 = tl.mul(tl.add(hi0, 1, sanitize_overflow=False), 0xCC9E2D51, sanitize_overflow=False)
-    khi1 = tl.mul((khi1 << 15) | (khi1 >> 17), 0x1B873593, sanitize_overflow=False)
+    khi0 = _key_mix(hi0)
+    khi1 = _key_mix(tl.add(hi0, 1, sanitize_overflow=False))
     j = tl.arange(0, BLOCK // 2)
     words = pid.to(tl.int64) * (BLOCK // 2)
     w = tl.load(base_ptr + words + j).to(tl.uint32, bitcast=True)
     for half in tl.static_range(2):  # the even elements (low halves), then the odd ones (high halves)
         lo = tl.add((2 * j + half).to(tl.uint32), lo0, sanitize_overflow=False)
-        k = tl.mul(lo, 0xCC9E2D51, sanitize_overflow=False)
-        k = (k << 15) | (k >> 17)
-        k = tl.mul(k, 0x1B873593, sanitize_overflow=False)
-        h = k ^ seed.to(tl.uint32)
-        h = (h << 13) | (h >> 19)
-        h = tl.add(tl.mul(h, 5, sanitize_overflow=False), 0xE6546B64, sanitize_overflow=False)
+        h = _state_step(_key_mix(lo) ^ seed.to(tl.uint32))
         if WRAP:
-            h = h ^ tl.where(lo < lo0, khi1, khi0)
+            h = _state_step(h ^ tl.where(lo < lo0, khi1, khi0))
         else:
-            h = h ^ khi0
-        h = (h << 13) | (h >> 19)
-        h = tl.add(tl.mul(h, 5, sanitize_overflow=False), 0xE6546B64, sanitize_overflow=False)
+            h = _state_step(h ^ khi0)
         h = (h ^ 8) ^ tl.umulhi(h, 1 << 16)  # h ^= 8; h ^= h >> 16 ((h ^ 8) >> 16 is h >> 16)
         h = tl.mul(h, 0x85EBCA6B, sanitize_overflow=False)
         h = h ^ tl.umulhi(h, 1 << 19)  # h ^= h >> 13
@@ -240,17 +224,11 @@ def _kernel(interpret: bool, words: bool = False):
     (read at decoration)."""
     if triton is None:
         raise ImportError("the perturb kernel needs triton (requirements.txt pins it)")
-    prev = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
-    try:
-        if words:
-            return triton.jit(_reconstruct_words_body, do_not_specialize=["offset", "seed", "sigma"])
-        return triton.jit(_reconstruct_body, do_not_specialize=["n", "offset", "seed", "sigma"])
-    finally:
-        if prev is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = prev
+    body = _reconstruct_words_body if words else _reconstruct_body
+    # seed, offset, n and σ take any value: no recompilation per value (Triton would specialize on 1 and 16 | x)
+    (kernel,) = jit_in_mode(interpret, (body,), helpers=(_key_mix, _state_step),
+                            do_not_specialize=("n", "offset", "seed", "sigma"))
+    return kernel
 
 
 def __getattr__(name: str):

@@ -153,10 +153,12 @@ def _silu_f32(x, one, EXP: tl.constexpr, DIV: tl.constexpr, INTERP: tl.constexpr
 _HELPERS = (_load_f32, _round, _round_mid, _store, _exp, _div, _silu_f32)
 
 
-def jit_in_mode(interpret: bool, bodies: tuple, helpers: tuple = _HELPERS) -> tuple:
+def jit_in_mode(interpret: bool, bodies: tuple, helpers: tuple = _HELPERS, do_not_specialize: tuple = ()) -> tuple:
     """The kernel bodies jitted with TRITON_INTERPRET set to `interpret` (read at decoration), the helper
     functions they call jitted in the same mode: each mode gets its own copies, bound through a private
-    globals dict, so interpreted and compiled kernels can live in one process (CPU tests beside GPU tests)."""
+    globals dict, so interpreted and compiled kernels can live in one process (CPU tests beside GPU tests).
+    `do_not_specialize` names the bodies' arguments Triton must not specialize on value (those a body lacks
+    are skipped)."""
     if triton is None:
         raise ImportError("the fused kernels need triton (requirements.txt pins it)")
     prev = os.environ.get("TRITON_INTERPRET")
@@ -165,17 +167,18 @@ def jit_in_mode(interpret: bool, bodies: tuple, helpers: tuple = _HELPERS) -> tu
         jitted: dict = {}
         helper_globals = dict(helpers[0].__globals__) if helpers else {}
 
-        def copy(fn, g):
+        def copy(fn, g, skip=()):
             new = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
             # The tl.constexpr annotations decide which arguments are compile-time constants.
             new.__annotations__ = dict(fn.__annotations__)
             new.__qualname__, new.__module__, new.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
-            return triton.jit(new)
+            args = fn.__code__.co_varnames[:fn.__code__.co_argcount]
+            return triton.jit(new, do_not_specialize=[a for a in skip if a in args])
 
         for h in helpers:  # names resolve when a kernel compiles (or runs, interpreted): after the updates
             jitted[h.__name__] = copy(h, helper_globals)
         helper_globals.update(jitted)
-        return tuple(copy(b, {**b.__globals__, **jitted}) for b in bodies)
+        return tuple(copy(b, {**b.__globals__, **jitted}, do_not_specialize) for b in bodies)
     finally:
         if prev is None:
             del os.environ["TRITON_INTERPRET"]
