@@ -33,16 +33,16 @@ from ..randopt import noise
 from .common import DTYPES, Case
 from .swiglu import jit_in_mode
 
-# The launch the Perturber's graph uses: the fastest of bench_perturb's sweep on the H200, within a few per
-# cent of several others (docs/benchmarks/2026-12-01-h200-weight-switch-and-attention.md).
-BLOCK = 4096
-NUM_WARPS = 8
+# The launch the Perturber's graph uses: the fastest of bench_perturb's sweep of the `words` variant on the
+# H200, within a few per cent of 1024/2 and 4096/4 (docs/benchmarks/2026-12-01-h200-words-and-rmsnorm.md).
+BLOCK = 2048
+NUM_WARPS = 4
 # Same bits, different instructions: `hoisted` (_reconstruct_body: per program what a block shares),
 # `literal` (_reconstruct_body hashing each element's index word by word, as the spec reads), `words`
 # (_reconstruct_words_body for bf16 → bf16 whole blocks, the rest as `hoisted`; fewer integer instructions
-# per element by a SASS count, not yet timed on a GPU).
+# per element by a SASS count, and the fastest on the H200: 7B shapes 8.8 ms against hoisted's 11.5).
 VARIANTS = ("hoisted", "literal", "words")
-DEFAULT_VARIANT = "hoisted"
+DEFAULT_VARIANT = "words"
 _KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 

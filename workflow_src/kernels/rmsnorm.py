@@ -244,14 +244,16 @@ def _row_input(x_ptr, u_ptr, col, mask, RESID: tl.constexpr, KX: tl.constexpr, H
     return v
 
 
-def _step_term(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, i, SQUARE: tl.constexpr, RESID: tl.constexpr,
-               KX: tl.constexpr, KY: tl.constexpr, KW: tl.constexpr, HAND: tl.constexpr, LANES: tl.constexpr,
-               VEC: tl.constexpr):
-    """Accumulator i's term of step k for every lane: xf * xf (SQUARE) or gh * xf, 0 past the row's end."""
+def _step_terms(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, SQUARE: tl.constexpr, RESID: tl.constexpr,
+                KX: tl.constexpr, KY: tl.constexpr, KW: tl.constexpr, HAND: tl.constexpr, LANES: tl.constexpr,
+                VEC: tl.constexpr):
+    """Step k's terms, [LANES, 4] (column i goes to accumulator i): xf * xf (SQUARE) or gh * xf, 0 past the
+    row's end. One load per input and step: with VEC each lane's four elements lie side by side."""
+    i = tl.arange(0, 4)[None, :]
     if VEC:
-        col = 4 * (lane + k * LANES) + i
+        col = 4 * (lane[:, None] + k * LANES) + i
     else:
-        col = lane + (4 * k + i) * LANES
+        col = lane[:, None] + (4 * k + i) * LANES
     mask = col < width
     xf = _row_input(x_ptr, u_ptr, col, mask, RESID, KX, HAND)
     if SQUARE:
@@ -267,26 +269,21 @@ def _step_term(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, i, SQUARE: tl.constex
 def _row_sum_body(x_ptr, u_ptr, g_ptr, w_ptr, width, SQUARE: tl.constexpr, RESID: tl.constexpr,
                   KX: tl.constexpr, KY: tl.constexpr, KW: tl.constexpr, HAND: tl.constexpr,
                   LANES: tl.constexpr, VEC: tl.constexpr, STEPS: tl.constexpr, UNROLL: tl.constexpr):
-    """One row's rowsum(xf * xf) (SQUARE) or rowsum(gh * xf), in CUDA's order. UNROLL spells the steps out:
-    the same adds in the same order, but no step's loads wait for the previous step's adds (a warp issues in
-    order, so in a loop every step pays a memory round trip)."""
+    """One row's rowsum(xf * xf) (SQUARE) or rowsum(gh * xf), in CUDA's order: each lane's four accumulators
+    (the columns of `acc`) take their steps' terms in turn. UNROLL spells the steps out: the same adds in the
+    same order, but no step's loads wait for the previous step's adds (a warp issues in order, so in a loop
+    every step pays a memory round trip)."""
     lane = tl.arange(0, LANES)
-    a0 = tl.full([LANES], 0.0, tl.float32)
-    a1 = tl.full([LANES], 0.0, tl.float32)
-    a2 = tl.full([LANES], 0.0, tl.float32)
-    a3 = tl.full([LANES], 0.0, tl.float32)
+    acc = tl.full([LANES, 4], 0.0, tl.float32)
     if UNROLL:
         for k in tl.static_range(STEPS):
-            a0 += _step_term(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, 0, SQUARE, RESID, KX, KY, KW, HAND, LANES, VEC)
-            a1 += _step_term(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, 1, SQUARE, RESID, KX, KY, KW, HAND, LANES, VEC)
-            a2 += _step_term(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, 2, SQUARE, RESID, KX, KY, KW, HAND, LANES, VEC)
-            a3 += _step_term(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, 3, SQUARE, RESID, KX, KY, KW, HAND, LANES, VEC)
+            acc += _step_terms(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, SQUARE, RESID, KX, KY, KW, HAND, LANES, VEC)
     else:
         for k in range(STEPS):
-            a0 += _step_term(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, 0, SQUARE, RESID, KX, KY, KW, HAND, LANES, VEC)
-            a1 += _step_term(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, 1, SQUARE, RESID, KX, KY, KW, HAND, LANES, VEC)
-            a2 += _step_term(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, 2, SQUARE, RESID, KX, KY, KW, HAND, LANES, VEC)
-            a3 += _step_term(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, 3, SQUARE, RESID, KX, KY, KW, HAND, LANES, VEC)
+            acc += _step_terms(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, SQUARE, RESID, KX, KY, KW, HAND, LANES, VEC)
+    even, odd = tl.split(tl.reshape(acc, (LANES, 2, 2)))  # columns 0 and 2, columns 1 and 3
+    a0, a2 = tl.split(even)
+    a1, a3 = tl.split(odd)
     return _lanes_sum(((a0 + a1) + a2) + a3, LANES)
 
 
@@ -351,7 +348,7 @@ def _rms_bwd_body(g_ptr, x_ptr, w_ptr, r_ptr, gres_ptr, dx_ptr, pw_ptr, width, s
 @functools.cache
 def _rms_kernels(interpret: bool):
     return jit_in_mode(interpret, (_rms_fwd_body, _rms_bwd_body),
-                       helpers=_HELPERS + (_fold_halves, _lanes_sum, _row_input, _step_term,
+                       helpers=_HELPERS + (_fold_halves, _lanes_sum, _row_input, _step_terms,
                                            _row_sum_body, _rsqrt))
 
 
