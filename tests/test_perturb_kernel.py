@@ -100,6 +100,71 @@ def test_word_kernel_negative_control(monkeypatch):
         perturb.reconstruct_triton(base, got, 5, 1e-3, 0, variant="fast")
 
 
+def _grouped_setup(sigma=1e-3):
+    """16-byte aligned slices of one bf16 buffer with guard gaps between them, laid end to end from just
+    below 2**32: a
+    tensor of several blocks with the low index word wrapping inside one, one ending in a partial block,
+    one smaller than a block, a single word; with blocks of 256."""
+    sizes = (10_240, 3584, 512, 2)
+    base_all = _edge_patterns().to(torch.bfloat16)
+    target_all = torch.full((sum(sizes) + 8 * len(sizes),), 3.0, dtype=torch.bfloat16)
+    pairs, start, offset = [], 0, 2**32 - 1000
+    for n in sizes:
+        pairs.append((base_all[start:start + n], target_all[start:start + n], offset))
+        start, offset = start + n + 8, offset + n  # 8 guard elements (16 bytes) after each slice
+    return pairs, target_all
+
+
+def _buffers(seed, sigma):
+    return torch.tensor([seed]), torch.tensor([noise.sigma_fp32(sigma)], dtype=torch.float32)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("sigma", [1e-3, 3e38])
+def test_grouped_words_equals_reference_and_writes_only_its_tensors(sigma):
+    """One GroupedWords launch over tensors of every kind of last block (full, partial, smaller than a block,
+    one word) and with a block whose low index word wraps: the reference's bits in each tensor, and the
+    guard words between them untouched (the partial blocks are masked)."""
+    pairs, target_all = _grouped_setup()
+    assert perturb._wrapping_blocks(pairs[0][2], pairs[0][0].numel(), 256) == [3]
+    grouped = perturb.GroupedWords(pairs, block=256)
+    assert grouped.programs == 40 + 14 + 2 + 1
+    grouped.launch(*_buffers(77, sigma))
+    for base, target, offset in pairs:
+        want = torch.empty_like(base)
+        noise.reconstruct_tensor_reference(base, want, 77, sigma, offset)
+        assert bit_equal(target, want)
+    guards = torch.ones_like(target_all, dtype=torch.bool)
+    start = 0
+    for base, _, _ in pairs:
+        guards[start:start + base.numel()] = False
+        start += base.numel() + 8
+    assert (target_all[guards] == 3.0).all() and guards.sum() == 8 * len(pairs)
+
+
+def test_grouped_words_negative_control_and_refusals():
+    """A table row with a wrong global offset gives that tensor wrong bits and no other (each program reads
+    its own tensor's row); pairs the word kernel cannot take are refused."""
+    pairs, _ = _grouped_setup()
+    grouped = perturb.GroupedWords(pairs, block=256)
+    grouped.table[1, 2] += 1
+    grouped.launch(*_buffers(5, 1e-3))
+    for i, (base, target, offset) in enumerate(pairs):
+        want = torch.empty_like(base)
+        noise.reconstruct_tensor_reference(base, want, 5, 1e-3, offset)
+        assert bit_equal(target, want) == (i != 1)
+    odd = torch.zeros(5, dtype=torch.bfloat16)
+    shifted = torch.zeros(18, dtype=torch.bfloat16)[2:]  # 4-byte aligned only
+    fp32 = torch.zeros(4)
+    for base in (odd, shifted, fp32):
+        assert not perturb.groupable(base, torch.zeros_like(base))
+        with pytest.raises(ValueError, match="GroupedWords takes bf16 pairs"):
+            perturb.GroupedWords([(base, torch.zeros_like(base), 0)])
+    with pytest.raises(ValueError, match="at least one pair"):
+        perturb.GroupedWords([])
+
+
 def test_in_place_and_independent_of_previous_contents():
     base = perturb.base_values((300,), torch.bfloat16, 1e-3, seed=1, device="cpu")
     target = torch.randn(300).to(torch.bfloat16)

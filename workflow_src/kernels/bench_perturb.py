@@ -3,15 +3,18 @@ perturb+restore with materialized noise, on Qwen2-shaped parameter sets, beside 
 device-to-device copy (the bandwidth ceiling), plus GPU-vs-CPU sign checks at real sizes.
 
     python -m workflow_src.kernels.bench_perturb --out bench.json [--shapes 50M 200M 1.5B 7B]
+        [--variants hoisted literal words] [--sweep-numel N] [--graph-launches 2048/2 4096/8 ...]
 
 A switch from seed A to seed B is what the population loop pays per seed:
   perturb+restore: restore A (regenerate A's noise, subtract) + perturb B (generate, add): per tensor
                    two randn and two in-place adds, as the upstream harness does it;
   fused:           target ← base + σ·R(B) in one pass from the resident base (4 bytes/param in bf16), with
                    the default kernel variant (perturb.DEFAULT_VARIANT), per-tensor launches and as one
-                   CUDA graph (perturb.SwitchGraph, what the Perturber replays);
+                   CUDA graph (perturb.SwitchGraph, what the Perturber replays; with `words`, one grouped
+                   launch over all tensors: perturb.GroupedWords);
   other variants:  perturb.VARIANTS, each as a CUDA graph at its own best launch of the sweep, and its bits
-                   compared with the default variant's on every tensor.
+                   compared with the default variant's on every tensor; `words-per-tensor`: the default
+                   graph without the grouping (a launch per tensor, its partial blocks apart).
 """
 
 from __future__ import annotations
@@ -81,8 +84,10 @@ def sweep_launch_configs(numel: int, repeats: int, blocks=(512, 1024, 2048, 4096
     return out
 
 
-def bench_set(label: str, shapes, sigma: float, repeats: int, launches: dict[str, tuple[int, int | None]]) -> dict:
-    """`launches`: (BLOCK, num_warps) per kernel variant; the default variant's is also the per-tensor one."""
+def bench_set(label: str, shapes, sigma: float, repeats: int, launches: dict[str, tuple[int, int | None]],
+              graph_launches: tuple[tuple[int, int], ...] = ()) -> dict:
+    """`launches`: (BLOCK, num_warps) per kernel variant; the default variant's is also the per-tensor one.
+    `graph_launches`: more (BLOCK, num_warps) to time the default variant's graph at."""
     block, num_warps = launches[DEFAULT_VARIANT]
     dtype = torch.bfloat16
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -120,15 +125,23 @@ def bench_set(label: str, shapes, sigma: float, repeats: int, launches: dict[str
         state["seed"] += 1
         graph.switch(state["seed"], sigma)
 
-    others = {v: SwitchGraph(dict(zip(names, base)), dict(zip(names, target)), layout, block=launches[v][0],
-                             num_warps=launches[v][1], variant=v) for v in launches if v != DEFAULT_VARIANT}
+    others = {v: (SwitchGraph(dict(zip(names, base)), dict(zip(names, target)), layout, block=launches[v][0],
+                              num_warps=launches[v][1], variant=v), launches[v])
+              for v in launches if v != DEFAULT_VARIANT}
+    for b, w in graph_launches:
+        others[f"{DEFAULT_VARIANT}@{b}/{w}"] = (SwitchGraph(dict(zip(names, base)), dict(zip(names, target)), layout,
+                                                            block=b, num_warps=w), (b, w))
+    if DEFAULT_VARIANT == "words":  # the default graph groups the tensors into one launch; this one does not
+        others["words-per-tensor"] = (SwitchGraph(dict(zip(names, base)), dict(zip(names, target)), layout,
+                                                  block=block, num_warps=num_warps, grouped=False),
+                                      (block, num_warps))
 
     perturb(state["seed"], +1.0)
     old = timed(switch_old, repeats)
     fused = timed(switch_fused, repeats)
     fused_graph = timed(switch_graph, repeats)
     variants = {}
-    for v, other in others.items():
+    for v, (other, (v_block, v_warps)) in others.items():
         def switch_other(other=other) -> None:
             state["seed"] += 1
             other.switch(state["seed"], sigma)
@@ -138,7 +151,7 @@ def bench_set(label: str, shapes, sigma: float, repeats: int, launches: dict[str
         graph.switch(777, sigma)
         equal = all(torch.equal(a.view(torch.int16), t.view(torch.int16)) for a, t in zip(out, target))
         med = statistics.median(ms)
-        variants[v] = {"block": launches[v][0], "num_warps": launches[v][1], "graph_ms": med, "graph_ms_all": ms,
+        variants[v] = {"block": v_block, "num_warps": v_warps, "graph_ms": med, "graph_ms_all": ms,
                        "graph_gb_per_s": 4 * n / med / 1e6, "speedup": statistics.median(old) / med,
                        "equals_default": equal}
         del out
@@ -195,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
                     help=f"kernel variants to time (the default variant, {DEFAULT_VARIANT}, always)")
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--graph-launches", nargs="*", default=[], metavar="BLOCK/WARPS",
+                    help="also time the default variant's graph at these launches (e.g. 2048/2 4096/8)")
     ap.add_argument("--sweep-numel", type=int, default=1_500_000_000,
                     help="elements of the single bf16 tensor the (BLOCK, num_warps) sweep runs on (0: no sweep)")
     a = ap.parse_args(argv)
@@ -206,6 +221,12 @@ def main(argv: list[str] | None = None) -> None:
     import triton
     doc["triton"] = triton.__version__
     launches = {v: (BLOCK, NUM_WARPS) for v in a.variants}
+    try:
+        graph_launches = tuple(tuple(int(x) for x in g.split("/")) for g in a.graph_launches)
+        if any(len(g) != 2 for g in graph_launches):
+            raise ValueError
+    except ValueError:
+        raise SystemExit(f"--graph-launches takes BLOCK/WARPS pairs, got {a.graph_launches}") from None
     if a.sweep_numel:
         doc["sweep"] = []
         for v in a.variants:
@@ -220,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
         shapes = flat_shapes({"50M": 50_000_000, "200M": 200_000_000}[label]) if label.endswith("M") \
             else qwen2_param_shapes(label)
         r = bench_set(label if label.endswith("M") else f"Qwen2.5-{label} shapes", shapes, a.sigma, a.repeats,
-                      launches)
+                      launches, graph_launches)
         r["fraction_of_copy_bandwidth"] = r["fused_gb_per_s"] / doc["copy"]["gb_per_s"]
         r["graph_fraction_of_copy_bandwidth"] = r["fused_graph_gb_per_s"] / doc["copy"]["gb_per_s"]
         doc["sets"].append(r)

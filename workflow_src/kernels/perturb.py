@@ -62,20 +62,14 @@ def _state_step(h):
 def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
                       IN_KIND: tl.constexpr, OUT_KIND: tl.constexpr, BLOCK: tl.constexpr,
                       FROM_PTR: tl.constexpr = False, LITERAL: tl.constexpr = False, MASKED: tl.constexpr = True):
-    # sigma: fp32(σ)'s bits as an integer (a float argument would lose −0.0's sign in the interpreter).
-    # FROM_PTR: seed (int64) and sigma (float32) are read from one-element device tensors, so a captured
-    # CUDA graph of the launches serves every seed (the host writes the two values before a replay).
+    # seed, sigma, FROM_PTR: as _seed_and_sigma_bits reads them.
     # LITERAL: hash every element's index word by word as the spec reads (the benchmark's comparison);
     # otherwise the same bits with the work that is constant across a block done once per program.
     # MASKED: the launch covers a partial block (the host launches whole blocks unmasked: a mask against a
     # runtime length keeps Triton from vectorizing the loads and stores, and one 2-byte access per element
     # halves the bandwidth). The multiplies and adds wrap on purpose (sanitize_overflow=False: TRITON_DEBUG
     # must not flag them).
-    if FROM_PTR:
-        seed = tl.load(seed)
-        sigma_bits = tl.load(sigma).to(tl.uint32, bitcast=True)
-    else:
-        sigma_bits = sigma.to(tl.uint32)
+    seed, sigma_bits = _seed_and_sigma_bits(seed, sigma, FROM_PTR)
     pid = tl.program_id(0)
     if LITERAL:
         local = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
@@ -166,28 +160,27 @@ def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
         tl.store(target_ptr + local, r.to(tl.uint16).to(tl.int16, bitcast=True), mask=mask)
 
 
-def _reconstruct_words_body(base_ptr, target_ptr, offset, seed, sigma, BLOCK: tl.constexpr,
-                            FROM_PTR: tl.constexpr = False, WRAP: tl.constexpr = False):
-    """bf16 → bf16 over whole blocks, two elements per 32-bit word (int32 views; the even element in the low
-    half): the same bits as `_reconstruct_body`, with fewer integer-ALU instructions per element, by a SASS
-    count for sm_90 (docs/randopt-noise.md): one load and one store per two elements; the per-element
-    high-word select only in a block where the low word wraps (WRAP, set by the host); NaN handling by two
-    integer minimums; the constant right shifts as high multiplies (`umulhi`), which issue on the
-    multiply pipe instead of the integer ALU."""
-    if FROM_PTR:
-        seed = tl.load(seed)
-        sigma_bits = tl.load(sigma).to(tl.uint32, bitcast=True)
-    else:
-        sigma_bits = sigma.to(tl.uint32)
-    pid = tl.program_id(0)
-    g0 = offset.to(tl.int64) + pid.to(tl.int64) * BLOCK
+def _words_block(bw, tw, g0, seed, sigma_bits, count, BLOCK: tl.constexpr, WRAP: tl.constexpr,
+                 MASKED: tl.constexpr):
+    """One block of BLOCK bf16 elements from the words at `bw` to the words at `tw` (int32 pointers; the even
+    element in the low half), global index of the first element g0; MASKED: only the first `count` words.
+    The same bits as `_reconstruct_body`, with fewer integer-ALU instructions per element, by a SASS count for
+    sm_90 (docs/randopt-noise.md): one load and one store per two elements; the per-element high-word select
+    only where the low word may wrap inside the block (WRAP); NaN handling by two integer minimums; the
+    constant right shifts as high multiplies (`umulhi`), which issue on the multiply pipe instead of the
+    integer ALU."""
     lo0 = g0.to(tl.uint32)
     hi0 = (g0 >> 32).to(tl.uint32)
     khi0 = _key_mix(hi0)
     khi1 = _key_mix(tl.add(hi0, 1, sanitize_overflow=False))
     j = tl.arange(0, BLOCK // 2)
-    words = pid.to(tl.int64) * (BLOCK // 2)
-    w = tl.load(base_ptr + words + j).to(tl.uint32, bitcast=True)
+    if MASKED:
+        mask = j < count
+        w = tl.load(bw + j, mask=mask, other=0)
+    else:
+        mask = None
+        w = tl.load(bw + j)
+    w = w.to(tl.uint32, bitcast=True)
     for half in tl.static_range(2):  # the even elements (low halves), then the odd ones (high halves)
         lo = tl.add((2 * j + half).to(tl.uint32), lo0, sanitize_overflow=False)
         h = _state_step(_key_mix(lo) ^ seed.to(tl.uint32))
@@ -215,18 +208,67 @@ def _reconstruct_words_body(base_ptr, target_ptr, offset, seed, sigma, BLOCK: tl
         else:
             odd = rounded
     out = (odd & 0xFFFF0000) | (even >> 16)
-    tl.store(target_ptr + words + j, out.to(tl.int32, bitcast=True))
+    tl.store(tw + j, out.to(tl.int32, bitcast=True), mask=mask)
+
+
+def _seed_and_sigma_bits(seed, sigma, FROM_PTR: tl.constexpr):
+    """The seed and fp32(σ)'s bits as uint32. sigma: the bits as an integer (a float argument would lose
+    −0.0's sign in the interpreter). FROM_PTR: both are read from one-element device tensors (int64, float32),
+    so a captured CUDA graph of the launches serves every seed (the host writes the two values before a
+    replay)."""
+    if FROM_PTR:
+        seed = tl.load(seed)
+        sigma_bits = tl.load(sigma).to(tl.uint32, bitcast=True)
+    else:
+        sigma_bits = sigma.to(tl.uint32)
+    return seed, sigma_bits
+
+
+def _reconstruct_words_body(base_ptr, target_ptr, offset, seed, sigma, BLOCK: tl.constexpr,
+                            FROM_PTR: tl.constexpr = False, WRAP: tl.constexpr = False):
+    """bf16 → bf16 over whole blocks of one tensor, through int32 views (_words_block); WRAP set by the host
+    for a block inside which the low word of the global index wraps."""
+    seed, sigma_bits = _seed_and_sigma_bits(seed, sigma, FROM_PTR)
+    pid = tl.program_id(0)
+    words = pid.to(tl.int64) * (BLOCK // 2)
+    _words_block(base_ptr + words, target_ptr + words, offset.to(tl.int64) + pid.to(tl.int64) * BLOCK, seed,
+                 sigma_bits, 0, BLOCK, WRAP, False)
+
+
+def _reconstruct_grouped_body(table_ptr, tensor_of_ptr, seed, sigma, BLOCK: tl.constexpr,
+                              FROM_PTR: tl.constexpr = False):
+    """The word kernel over many bf16 tensors in one launch (GroupedWords): program p takes block
+    p − first of tensor tensor_of[p], whose table row (int64) is base address, target address, global offset,
+    words, first program. A full block whose low index word does not wrap takes _words_block's unmasked
+    path, any other (a tensor's last, partial block; a wrapping block) the masked path with the select."""
+    seed, sigma_bits = _seed_and_sigma_bits(seed, sigma, FROM_PTR)
+    pid = tl.program_id(0)
+    row = table_ptr + 5 * tl.load(tensor_of_ptr + pid).to(tl.int64)
+    b = pid - tl.load(row + 4)
+    w0 = b * (BLOCK // 2)
+    # 16-byte aligned (`groupable`): the unmasked path's loads and stores go 16 bytes at a time
+    bw = tl.multiple_of(tl.load(row).to(tl.pointer_type(tl.int32)), 16) + w0
+    tw = tl.multiple_of(tl.load(row + 1).to(tl.pointer_type(tl.int32)), 16) + w0
+    g0 = tl.load(row + 2) + b * BLOCK
+    count = tl.load(row + 3) - w0
+    if (count >= BLOCK // 2) & ((g0 & 0xFFFFFFFF) <= 2**32 - BLOCK):
+        _words_block(bw, tw, g0, seed, sigma_bits, count, BLOCK, False, False)
+    else:
+        _words_block(bw, tw, g0, seed, sigma_bits, count, BLOCK, True, True)
+
+
+_BODIES = {"element": _reconstruct_body, "words": _reconstruct_words_body, "grouped": _reconstruct_grouped_body}
 
 
 @functools.cache
-def _kernel(interpret: bool, words: bool = False):
-    """The jitted kernel (`words`: the bf16 word kernel), decorated with TRITON_INTERPRET set to `interpret`
-    (read at decoration)."""
+def _kernel(interpret: bool, words: bool = False, grouped: bool = False):
+    """The jitted kernel (`words`: the bf16 word kernel; `grouped`: the word kernel over many tensors),
+    decorated with TRITON_INTERPRET set to `interpret` (read at decoration)."""
     if triton is None:
         raise ImportError("the perturb kernel needs triton (requirements.txt pins it)")
-    body = _reconstruct_words_body if words else _reconstruct_body
+    body = _BODIES["grouped" if grouped else "words" if words else "element"]
     # seed, offset, n and σ take any value: no recompilation per value (Triton would specialize on 1 and 16 | x)
-    (kernel,) = jit_in_mode(interpret, (body,), helpers=(_key_mix, _state_step),
+    (kernel,) = jit_in_mode(interpret, (body,), helpers=(_key_mix, _state_step, _seed_and_sigma_bits, _words_block),
                             do_not_specialize=("n", "offset", "seed", "sigma"))
     return kernel
 
@@ -334,14 +376,67 @@ def reconstruct_triton_from_device(base: torch.Tensor, target: torch.Tensor, see
     return target
 
 
+def groupable(base: torch.Tensor, target: torch.Tensor) -> bool:
+    """Whether GroupedWords takes the pair: bf16 → bf16, a whole number of 32-bit words, both 16-byte aligned
+    (as PyTorch allocates; slices may not be)."""
+    return (base.dtype == target.dtype == torch.bfloat16 and base.numel() > 0 and base.numel() % 2 == 0
+            and base.data_ptr() % 16 == 0 and target.data_ptr() % 16 == 0)
+
+
+class GroupedWords:
+    """The word kernel over many bf16 tensors in one launch: launched a tensor at a time (their partial
+    blocks apart), each launch costs a few µs (its start and its last wave's tail): on the H200 the switch
+    of Qwen2.5-1.5B's 338 tensors took 2.43 ms against 1.73 grouped, 7B's 339 8.62 against 8.22
+    (docs/benchmarks/2026-12-01-h200-words-and-rmsnorm.md). The table of the tensors (addresses, offsets,
+    sizes) and each program's tensor live on the device, built once; the tensors must stay where they are
+    while it is used."""
+
+    def __init__(self, pairs, block: int = BLOCK, num_warps: int | None = NUM_WARPS,
+                 interpret: bool | None = None):
+        """`pairs`: (base, target, global offset) of contiguous tensors, each `groupable`."""
+        if block % 8 or block < 8:  # whole 16-byte vectors per block
+            raise ValueError("GroupedWords needs a block that is a multiple of 8")
+        rows, counts = [], []
+        first = 0
+        for base, target, offset in pairs:
+            n = _check_pair(base, target, offset)
+            if not groupable(base, target):
+                raise ValueError("GroupedWords takes bf16 pairs of an even number of 16-byte aligned elements")
+            programs = (n + block - 1) // block
+            rows.append((base.data_ptr(), target.data_ptr(), offset, n // 2, first))
+            counts.append(programs)
+            first += programs
+        if not rows:
+            raise ValueError("GroupedWords needs at least one pair")
+        if first >= 2**31:
+            raise ValueError(f"{first} blocks: more than one launch's 2**31 - 1 programs")
+        device = pairs[0][0].device
+        self.interpret = device.type == "cpu" or os.environ.get("TRITON_INTERPRET") == "1" \
+            if interpret is None else interpret
+        self.table = torch.tensor(rows, dtype=torch.int64, device=device)
+        self.tensor_of = torch.repeat_interleave(torch.arange(len(rows), dtype=torch.int32, device=device),
+                                                 torch.tensor(counts, device=device))
+        self.block, self.num_warps, self.programs = block, num_warps, first
+        self._pairs = pairs  # keep the tensors alive as long as the table holds their addresses
+
+    def launch(self, seed_buf: torch.Tensor, sigma_buf: torch.Tensor) -> None:
+        """Every target ← base + σ·R(seed, offset + j), seed and σ read from the one-element buffers."""
+        if seed_buf.dtype != torch.int64 or sigma_buf.dtype != torch.float32:
+            raise TypeError("seed_buf must be one int64, sigma_buf one float32")
+        extra = {} if self.num_warps is None else {"num_warps": self.num_warps}
+        _kernel(self.interpret, grouped=True)[(self.programs,)](
+            self.table, self.tensor_of, seed_buf, sigma_buf, BLOCK=self.block, FROM_PTR=True, **extra)
+
+
 class SwitchGraph:
     """Every laid-out tensor's reconstruct launch captured once in a CUDA graph; `switch(seed, σ)` writes
     the two values into device memory and replays it: one graph launch per weight switch instead of one
     kernel launch (and its host overhead) per tensor. The targets' storage is written in place, so graphs
-    captured over the model elsewhere stay valid."""
+    captured over the model elsewhere stay valid. With the `words` variant and `grouped`, the groupable
+    tensors (all of a bf16 model's, as a rule) take one GroupedWords launch, the rest a launch each."""
 
     def __init__(self, base: dict, target: dict, layout, block: int = BLOCK, num_warps: int | None = NUM_WARPS,
-                 variant: str = DEFAULT_VARIANT):
+                 variant: str = DEFAULT_VARIANT, grouped: bool = True):
         first = next(iter(target.values()))
         if first.device.type != "cuda":
             raise ValueError("SwitchGraph needs CUDA tensors")
@@ -350,9 +445,18 @@ class SwitchGraph:
         for name, offset, numel in layout:
             if base[name].numel() != numel or target[name].numel() != numel:
                 raise ValueError(f"{name}: layout says {numel} elements")
+        alone = list(layout)
+        self.grouped = None
+        if grouped and variant == "words":
+            pairs = [(base[n], target[n], o) for n, o, _ in layout if groupable(base[n], target[n])]
+            alone = [(n, o, c) for n, o, c in layout if not groupable(base[n], target[n])]
+            if pairs:
+                self.grouped = GroupedWords(pairs, block=block, num_warps=num_warps, interpret=False)
 
         def launches():
-            for name, offset, _ in layout:
+            if self.grouped is not None:
+                self.grouped.launch(self.seed_buf, self.sigma_buf)
+            for name, offset, _ in alone:
                 reconstruct_triton_from_device(base[name], target[name], self.seed_buf, self.sigma_buf, offset,
                                                block=block, interpret=False, num_warps=num_warps, variant=variant)
 
