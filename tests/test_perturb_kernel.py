@@ -100,11 +100,10 @@ def test_word_kernel_negative_control(monkeypatch):
         perturb.reconstruct_triton(base, got, 5, 1e-3, 0, variant="fast")
 
 
-def _grouped_setup(sigma=1e-3):
+def _grouped_setup():
     """16-byte aligned slices of one bf16 buffer with guard gaps between them, laid end to end from just
-    below 2**32: a
-    tensor of several blocks with the low index word wrapping inside one, one ending in a partial block,
-    one smaller than a block, a single word; with blocks of 256."""
+    below 2**32: a tensor of several blocks with the low index word wrapping inside one, one ending in a
+    partial block, one smaller than a block, a single word; with blocks of 256."""
     sizes = (10_240, 3584, 512, 2)
     base_all = _edge_patterns().to(torch.bfloat16)
     target_all = torch.full((sum(sizes) + 8 * len(sizes),), 3.0, dtype=torch.bfloat16)

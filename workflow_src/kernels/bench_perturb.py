@@ -119,22 +119,20 @@ def bench_set(label: str, shapes, sigma: float, repeats: int, launches: dict[str
 
     names = [f"p{i:05d}" for i in range(len(base))]
     layout = list(zip(names, offsets, [b.numel() for b in base]))
-    graph = SwitchGraph(dict(zip(names, base)), dict(zip(names, target)), layout, block=block, num_warps=num_warps)
+    by_name = dict(zip(names, base)), dict(zip(names, target))
+    graph = SwitchGraph(*by_name, layout, block=block, num_warps=num_warps)
 
     def switch_graph() -> None:
         state["seed"] += 1
         graph.switch(state["seed"], sigma)
 
-    others = {v: (SwitchGraph(dict(zip(names, base)), dict(zip(names, target)), layout, block=launches[v][0],
-                              num_warps=launches[v][1], variant=v), launches[v])
-              for v in launches if v != DEFAULT_VARIANT}
+    others = {v: (SwitchGraph(*by_name, layout, block=launches[v][0], num_warps=launches[v][1], variant=v),
+                  launches[v]) for v in launches if v != DEFAULT_VARIANT}
     for b, w in graph_launches:
-        others[f"{DEFAULT_VARIANT}@{b}/{w}"] = (SwitchGraph(dict(zip(names, base)), dict(zip(names, target)), layout,
-                                                            block=b, num_warps=w), (b, w))
+        others[f"{DEFAULT_VARIANT}@{b}/{w}"] = (SwitchGraph(*by_name, layout, block=b, num_warps=w), (b, w))
     if DEFAULT_VARIANT == "words":  # the default graph groups the tensors into one launch; this one does not
-        others["words-per-tensor"] = (SwitchGraph(dict(zip(names, base)), dict(zip(names, target)), layout,
-                                                  block=block, num_warps=num_warps, grouped=False),
-                                      (block, num_warps))
+        others["words-per-tensor"] = (SwitchGraph(*by_name, layout, block=block, num_warps=num_warps,
+                                                  grouped=False), (block, num_warps))
 
     perturb(state["seed"], +1.0)
     old = timed(switch_old, repeats)

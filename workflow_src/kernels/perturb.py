@@ -261,12 +261,12 @@ _BODIES = {"element": _reconstruct_body, "words": _reconstruct_words_body, "grou
 
 
 @functools.cache
-def _kernel(interpret: bool, words: bool = False, grouped: bool = False):
-    """The jitted kernel (`words`: the bf16 word kernel; `grouped`: the word kernel over many tensors),
-    decorated with TRITON_INTERPRET set to `interpret` (read at decoration)."""
+def _kernel(interpret: bool, body: str = "element"):
+    """The jitted kernel of `_BODIES[body]` (element: any dtypes; words: the bf16 word kernel; grouped: the
+    word kernel over many tensors), decorated with TRITON_INTERPRET set to `interpret` (read at decoration)."""
     if triton is None:
         raise ImportError("the perturb kernel needs triton (requirements.txt pins it)")
-    body = _BODIES["grouped" if grouped else "words" if words else "element"]
+    body = _BODIES[body]
     # seed, offset, n and σ take any value: no recompilation per value (Triton would specialize on 1 and 16 | x)
     (kernel,) = jit_in_mode(interpret, (body,), helpers=(_key_mix, _state_step, _seed_and_sigma_bits, _words_block),
                             do_not_specialize=("n", "offset", "seed", "sigma"))
@@ -277,6 +277,12 @@ def __getattr__(name: str):
     if name == "reconstruct_kernel":  # the jitted kernel, in the mode this process would launch it
         return _kernel(os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available())
     raise AttributeError(name)
+
+
+def _interpreted_on(device: torch.device) -> bool:
+    """Whether a launch on `device` runs in the Triton interpreter when the caller does not say: on the CPU,
+    or when TRITON_INTERPRET=1."""
+    return device.type == "cpu" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _bits_view(t: torch.Tensor) -> torch.Tensor:
@@ -315,13 +321,13 @@ def _launch(base, target, n, offset, seed, sigma, block, num_warps, interpret, f
     if variant not in VARIANTS:
         raise ValueError(f"perturb kernel variant {variant!r}; known: {VARIANTS}")
     if interpret is None:
-        interpret = base.device.type == "cpu" or os.environ.get("TRITON_INTERPRET") == "1"
+        interpret = _interpreted_on(base.device)
     extra = {} if num_warps is None else {"num_warps": num_warps}
     src, dst = _bits_view(base).view(-1), _bits_view(target).view(-1)
     whole = n - n % block
     bf16 = base.dtype == target.dtype == torch.bfloat16
     if variant == "words" and bf16 and whole and block % 2 == 0 and _word_views(src, dst, 0, whole) is not None:
-        kernel = _kernel(interpret, words=True)
+        kernel = _kernel(interpret, "words")
         cuts = [0]
         for b in _wrapping_blocks(offset, whole, block):  # launched alone, with the per-element select
             cuts += [b, b + 1]
@@ -411,8 +417,7 @@ class GroupedWords:
         if first >= 2**31:
             raise ValueError(f"{first} blocks: more than one launch's 2**31 - 1 programs")
         device = pairs[0][0].device
-        self.interpret = device.type == "cpu" or os.environ.get("TRITON_INTERPRET") == "1" \
-            if interpret is None else interpret
+        self.interpret = _interpreted_on(device) if interpret is None else interpret
         self.table = torch.tensor(rows, dtype=torch.int64, device=device)
         self.tensor_of = torch.repeat_interleave(torch.arange(len(rows), dtype=torch.int32, device=device),
                                                  torch.tensor(counts, device=device))
@@ -424,7 +429,7 @@ class GroupedWords:
         if seed_buf.dtype != torch.int64 or sigma_buf.dtype != torch.float32:
             raise TypeError("seed_buf must be one int64, sigma_buf one float32")
         extra = {} if self.num_warps is None else {"num_warps": self.num_warps}
-        _kernel(self.interpret, grouped=True)[(self.programs,)](
+        _kernel(self.interpret, "grouped")[(self.programs,)](
             self.table, self.tensor_of, seed_buf, sigma_buf, BLOCK=self.block, FROM_PTR=True, **extra)
 
 

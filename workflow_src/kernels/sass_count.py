@@ -42,7 +42,7 @@ def compile_sass(variant: str, arch: int = 90, block: int = perturb.BLOCK, num_w
     from triton.backends.compiler import GPUTarget
     if variant not in perturb.VARIANTS:
         raise ValueError(f"variant {variant!r}; known: {perturb.VARIANTS}")
-    kernel = perturb._kernel(False, words=variant == "words")
+    kernel = perturb._kernel(False, "words" if variant == "words" else "element")
     if variant == "words":
         if masked:
             raise ValueError("the words kernel has no masked launch")
