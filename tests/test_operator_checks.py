@@ -28,7 +28,7 @@ def test_receipt_cli_all_pass(tmp_path):
     run_module("workflow_src.kernels.receipt", "--out", str(out), "--html", str(tmp_path / "r.html"))
     doc = json.loads(out.read_text())
     assert doc["all_passed"] and doc["cases"] == doc["passed"] > 100
-    assert set(doc["operators"]) == {"rmsnorm", "rope", "swiglu_mlp", "qwen2_forward", "perturb"}
+    assert set(doc["operators"]) == {"rmsnorm", "rope", "rope_cache", "swiglu_mlp", "qwen2_forward", "perturb"}
     assert doc["scale"] == "small" and doc["device"] == "cpu"
 
 

@@ -177,7 +177,8 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
     out = tmp_path / "bench.json"
     main(["--tiny", "--shapes", "0.5B", "--prompts", "5", "--prompt-chars", "12", "--new-tokens", "6",
           "--batch", "4", "--seeds", "2", "--profile", "3", "--device", "cpu", "--out", str(out),
-          "--engines", "hf", "static", "static:span=4", "static:attention=triton,launch=16/4/3/2"])
+          "--engines", "hf", "static", "static:span=4", "static:attention=triton,launch=16/4/3/2",
+          "--population-engines", "static", "static:span=4"])
     doc = json.loads(out.read_text())
     engines = doc["shapes"]["0.5B"]["engines"]
     assert set(engines) == {"hf", "static", "static:span=4", "static:attention=triton,launch=16/4/3/2"}
@@ -187,6 +188,9 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
         main(["--tiny", "--device", "cpu", "--out", str(out), "--engines", "static:launch=64/4"])
     assert all(0 < e["generated_tokens"] <= 5 * 6 and e["prompts"] == 5 for e in engines.values())
     assert doc["population"]["seeds"] == 2 and doc["population"]["engines"]["static"]["seeds_per_s"] > 0
+    assert set(doc["population"]["engines"]) == {"static", "static:span=4"}
+    with pytest.raises(SystemExit):
+        main(["--tiny", "--device", "cpu", "--out", str(out), "--engines", "static", "--population-engines", "hf"])
     prof = doc["profile"]
     assert prof["clock"] == "host" and prof["new_tokens"] == 3 and prof["total_ms"] > 0
     assert prof["top"] and all(r["ms"] > 0 and r["calls"] >= 1 for r in prof["top"])
@@ -212,3 +216,19 @@ def test_decode_steps_cli_times_variants_and_compares_their_logits(tmp_path):
         variant_options("plain+fused")
     with pytest.raises(SystemExit):  # packing is for good: unpacked variants first
         main(["--tiny", "--device", "cpu", "--variants", "packed", "plain", "--out", str(out)])
+
+
+@pytest.mark.parametrize("slots,span_bucket", [(3, 1 << 30), (8, 1 << 30), (5, 4)])
+def test_overlapped_steps_give_the_tokens_of_steps_read_one_by_one(model_and_tokenizer, prompts, slots, span_bucket):
+    """Reading step t while step t+1 runs delays each refill by a step; the tokens stay the same (with
+    span_bucket 4 the spans may differ by a bucket, so there only the answers' agreement is asserted). Short
+    budgets end sequences at their prefill and in the middle of others."""
+    model, tok = model_and_tokenizer
+    for budget in (1, 2, 7, 20):
+        one_by_one = StaticEngine(model, tok, slots, span_bucket=span_bucket, overlap=False).generate(prompts, budget)
+        overlapped = StaticEngine(model, tok, slots, span_bucket=span_bucket).generate(prompts, budget)
+        if span_bucket > 1000:
+            assert overlapped == one_by_one, budget
+        else:
+            assert sum(a == b for a, b in zip(overlapped, one_by_one)) / len(prompts) >= 0.9
+    assert len(one_by_one) == len(prompts) and any(one_by_one)

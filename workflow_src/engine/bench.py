@@ -12,13 +12,15 @@ up (compilation, graph capture) and once timed; the record has generated tokens/
 the first engine, and how many completions agree with the first engine's (on random weights greedy picks
 among near-equal logits, so agreement here says little; the CPU tests measure it on a trained model).
 `--seeds N` then times a RandOpt population on the last shape: per seed, the fused weight switch
-(`randopt.perturb.Perturber`) and the generation of all prompts with each engine; seeds/s = N / seconds.
+(`randopt.perturb.Perturber`) and the generation of all prompts with each engine (or those named by
+`--population-engines`); seeds/s = N / seconds.
 `--profile N` then profiles N new tokens of the static engine on the last shape with the torch profiler,
 eager (kernels inside a replayed CUDA graph are not attributed one by one), and records the ops that took the
 most device (CPU: host) time: where a decode step goes, as a guide to the next optimization.
 `--engines` takes engine names, and `static:key=value,...` for the static engine with other options: `span=N`
 (span_bucket N; a huge N attends over the whole cache capacity), `fused=0|1`, `packed=0|1`, `attention=sdpa|triton`,
-`graphs=0|1`, `launch=block_n/num_warps/num_stages/splits` (the Triton decode attention's launch, e.g. 64/4/3/2)
+`graphs=0|1`, `overlap=0|1` (whether a decode step is launched before the previous one's tokens are read),
+`launch=block_n/num_warps/num_stages/splits` (the Triton decode attention's launch, e.g. 64/4/3/2)
 (StaticEngine's arguments; unnamed ones keep its defaults). Packing re-lays out the model's
 weights for good: list engines that do not pack before those that do.
 `--tiny` swaps the shapes for a two-layer stand-in (for the CPU tests).
@@ -90,7 +92,8 @@ def parse_launch(value: str) -> Launch:
 
 STATIC_OPTIONS = {"span": ("span_bucket", int), "fused": ("fused", lambda v: bool(int(v))),
                   "packed": ("packed", lambda v: bool(int(v))), "graphs": ("graphs", lambda v: bool(int(v))),
-                  "attention": ("attention", str), "launch": ("launch", parse_launch)}
+                  "attention": ("attention", str), "launch": ("launch", parse_launch),
+                  "overlap": ("overlap", lambda v: bool(int(v)))}
 
 
 def static_options(label: str) -> dict:
@@ -150,6 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--new-tokens", type=int, default=512)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--seeds", type=int, default=0, help="time a population of this many seeds on the last shape")
+    ap.add_argument("--population-engines", nargs="+", metavar="ENGINE",
+                    help="the engines the population runs (default: all of --engines)")
     ap.add_argument("--sigma", type=float, default=1e-3)
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="profile N new tokens of the eager static engine on the last shape (top ops by time)")
@@ -158,6 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args(argv)
+    if a.population_engines and not set(a.population_engines) <= set(a.engines):
+        ap.error(f"--population-engines {a.population_engines} must be among --engines {a.engines}")
     pin_determinism(a.determinism)
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     prompts = random_prompts(a.prompts, a.prompt_chars)
@@ -223,7 +230,7 @@ def population(model, tok, a, prompts, sync) -> dict:
     from ..randopt.perturb import Perturber
     perturber = Perturber(model)
     out = {"seeds": a.seeds, "sigma": a.sigma, "prompts": len(prompts), "engines": {}}
-    for name in a.engines:
+    for name in a.population_engines or a.engines:
         engine = bench_engine(name, model, tok, a.batch, ThroughputMeter(sync=sync))
         sync()
         t0 = time.perf_counter()

@@ -13,8 +13,11 @@ full until the queue runs dry. On a GPU, the decode step is captured as a CUDA g
 `sdpa`, once with `triton`) and replayed: its inputs (last tokens, positions) live in fixed buffers, and the
 weights are read where they lie, so weights changed in place (RandOpt's perturbations) are seen by the next
 replay without a new capture. On a GPU the engine also uses, by default, the fused RMSNorm / RoPE / SiLU×up
-kernels (bit-equal to the eager ops) and q/k/v and gate/up packed into one GEMM each
-(model/packed_projections.py).
+kernels (bit-equal to the eager ops; in the decode step RoPE also writes the key and value into the cache,
+kernels/rope_cache.py, and each residual add runs inside the next norm's kernel) and q/k/v and gate/up packed
+into one GEMM each (model/packed_projections.py). The host launches each decode step before it reads the
+previous step's tokens (`overlap`; what the tokens decide, which slots end and are refilled, is known one step
+later, the tokens are the same: `StaticEngine._run`).
 
 Deterministic: the schedule (which prompt enters which slot when) and the span of every step are pure
 functions of the prompts and of the tokens generated, greedy selection is an argmax, and every kernel runs
@@ -36,6 +39,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..kernels.decode_attention import DEFAULT_LAUNCH, Launch, decode_attention
+from ..kernels.rope_cache import rope_cache as rope_cache_fused, rope_cache_reference
 from ..kernels.swiglu import silu_mul
 from ..model.graph_capture import safe_capture
 from ..model.lean_qwen2 import LeanQwen2, Segment
@@ -130,23 +134,21 @@ class SlotDecoder:
     def _step_ops(self, span: int) -> torch.Tensor:
         lean, model = self.lean, self.model
         pos = self.positions
+        rope_cache = rope_cache_fused if self.fused else rope_cache_reference
         h = F.embedding(self.tokens[:, None], model.model.embed_tokens.weight)
-        cos, sin = lean.cos[pos][:, None, None, :], lean.sin[pos][:, None, None, :]
         if self.attention == "sdpa":
             visible = (self.key_index[None, :span] <= pos[:, None])[:, None, None, :]  # [slots, 1, 1, span]
+        norms = [layer.input_layernorm for layer in lean.layers[1:]] + [model.model.norm]
+        x = lean.rms(lean.layers[0].input_layernorm, h)
         for li, layer in enumerate(lean.layers):
             attn = layer.self_attn
-            residual = h
-            x = lean.rms(layer.input_layernorm, h)
             if self.packed is None:
                 qkv = (F.linear(x, m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
             else:
                 pl = self.packed[li]
                 qkv = F.linear(x, pl.qkv_weight, pl.qkv_bias).split(pl.qkv_sizes, dim=-1)
             qs, ks, vs = (t.view(self.slots, 1, -1, lean.head_dim).transpose(1, 2) for t in qkv)
-            qs, ks = lean.rope(qs, ks, cos, sin)
-            lean.k[li][self.rows, :, pos] = ks[:, :, 0]
-            lean.v[li][self.rows, :, pos] = vs[:, :, 0]
+            qs = rope_cache(qs, ks, vs, lean.cos, lean.sin, pos, lean.k[li], lean.v[li])
             # The query heads that share a KV head attend as that head's query rows, so the cache is read
             # as it lies: with a mask, transformers' SDPA path would first copy every KV head
             # `heads / kv_heads` times over the whole capacity (repeat_kv), at 7B the bulk of a step.
@@ -158,16 +160,18 @@ class SlotDecoder:
                                                    attn_mask=visible, scale=attn.scaling)
             o = o.reshape(self.slots, 1, -1)
             norm = layer.post_attention_layernorm
-            x, h = lean.add_norm(residual, F.linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight,
+            x, h = lean.add_norm(h, F.linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight,
                                  norm.variance_epsilon)
             mlp = layer.mlp
             if self.packed is None:
-                h = h + lean.mlp(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+                out = lean.mlp(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
             else:
                 gate, up = F.linear(x, self.packed[li].gate_up_weight).split(self.packed[li].gate_up_sizes, dim=-1)
                 act = silu_mul(gate, up) if self.fused else F.silu(gate) * up
-                h = h + F.linear(act, mlp.down_proj.weight)
-        return F.linear(lean.rms(model.model.norm, h)[:, 0], model.lm_head.weight)
+                out = F.linear(act, mlp.down_proj.weight)
+            # the residual add and the next layer's norm (the final norm after the last) as one op
+            x, h = lean.add_norm(h, out, norms[li].weight, norms[li].variance_epsilon)
+        return F.linear(x[:, 0], model.lm_head.weight)
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, furthest: int) -> torch.Tensor:
@@ -208,8 +212,9 @@ class StaticEngine:
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int,
                  meter: ThroughputMeter | None = None, progress=None, graphs: bool = True, span_bucket: int = 128,
                  fused: bool | None = None, packed: bool | None = None, attention: str | None = None,
-                 launch: Launch = DEFAULT_LAUNCH):
-        """`fused`, `packed`, `attention`, `launch`: SlotDecoder's options; None (the default) chooses, where the model is
+                 launch: Launch = DEFAULT_LAUNCH, overlap: bool = True):
+        """`overlap`: launch each decode step before reading the previous one's tokens (`_run`; the same tokens).
+        `fused`, `packed`, `attention`, `launch`: SlotDecoder's options; None (the default) chooses, where the model is
         on a GPU, fused, packed and `triton` (faster there: docs/benchmarks/2026-12-01-h200-engine-decode.md),
         and on the CPU none of them and `sdpa` (the kernels would run in Triton's interpreter). Packing
         happens here, before anyone (a Perturber) holds the weights' storage."""
@@ -225,7 +230,7 @@ class StaticEngine:
         self.attention = ("triton" if on_gpu else "sdpa") if attention is None else attention
         if self.attention not in ATTENTION:
             raise ValueError(f"static engine: attention {attention!r}; known: {list(ATTENTION)}")
-        self.progress, self.graphs, self.launch = progress, graphs, launch
+        self.progress, self.graphs, self.launch, self.overlap = progress, graphs, launch, overlap
         if self.packed:
             pack_projections(model)
         self.stops = stop_token_ids(model, tokenizer)
@@ -274,48 +279,86 @@ class StaticEngine:
         return out
 
     def _run(self, decoder: SlotDecoder, encoded: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """Generate every prompt. The decoder's tokens and positions, and which slots still decode (`live`) and
+        how many tokens each may still make (`left`), live on the device and are advanced there after each
+        step, so the next step can be launched before the host has read this one's tokens (`overlap`): the
+        host reads step t while step t+1 runs. A slot that ends at step t is already frozen on the device
+        in step t+1 (its token there is dropped); its refill is prefilled after step t+1 instead of before
+        it. Each row's tokens depend on that row alone, and the slots freed together are prefilled together
+        either way, so both orders give the same tokens (the tests compare them)."""
+        device = decoder.tokens.device
         queue = deque(range(len(encoded)))
         generated: list[list[int]] = [[] for _ in encoded]
-        owner: list[int | None] = [None] * decoder.slots  # the prompt each slot decodes
-        tokens = torch.zeros(decoder.slots, dtype=torch.long, device=decoder.tokens.device)
-        positions = torch.zeros_like(tokens)
-        live = torch.zeros_like(tokens)  # 1 where a slot decodes a prompt: only those advance
-        where = [0] * decoder.slots  # the host's copy of positions, for the span
+        owner: list[int | None] = [None] * decoder.slots  # the prompt each slot decodes, as the host knows it
+        where = [0] * decoder.slots  # positions as the host knows them (an upper bound while a step is unread)
+        tokens, positions = decoder.tokens, decoder.positions
+        live = torch.zeros_like(tokens)  # 1 where a slot decodes: only those advance
+        left = torch.zeros_like(tokens)  # tokens each slot may still generate
+        stops = torch.tensor(sorted(self.stops), dtype=torch.long, device=device)
+        unread: deque = deque()  # launched steps: (their tokens on the host once the event fires, event, owners)
 
-        def admit(free: list[int]) -> None:
+        def admit() -> None:
+            free = [slot for slot, o in enumerate(owner) if o is None]
             taken = [(slot, queue.popleft()) for slot in free if queue]
             if not taken:
                 return
             slots, idx = [s for s, _ in taken], [i for _, i in taken]
             logits = decoder.prefill([encoded[i] for i in idx], slots)
-            for slot, i in taken:
-                owner[slot] = i
-                positions[slot] = where[slot] = len(encoded[i])
-                live[slot] = 1
-                self.meter.count(prompts=1, prompt_tokens=len(encoded[i]))
+            at = torch.tensor(slots, device=device)
+            lengths = [len(encoded[i]) for i in idx]
+            positions[at] = torch.tensor(lengths, device=device)
+            live[at] = 1
+            left[at] = max_new_tokens - 1
             first = logits.argmax(-1)
-            tokens[slots] = first
-            for slot in self._record(first.tolist(), idx, generated, max_new_tokens, owner, slots):
-                live[slot] = 0
+            tokens[at] = first
+            for slot, i, length in zip(slots, idx, lengths):
+                owner[slot], where[slot] = i, length
+                self.meter.count(prompts=1, prompt_tokens=length)
+            ended = self._record(first.tolist(), idx, generated, max_new_tokens, owner, slots)
+            if ended:
+                live[torch.tensor(ended, device=device)] = 0
 
-        admit(list(range(decoder.slots)))
-        while queue or any(o is not None for o in owner):
-            finished = [s for s, o in enumerate(owner) if o is None]
-            admit(finished)
-            if all(o is None for o in owner):
-                continue  # every admitted sequence ended at its prefill: admit more while the queue lasts
-            active = [s for s, o in enumerate(owner) if o is not None]
-            logits = decoder.decode(tokens, positions, max(where[s] for s in active))
-            nxt = logits.argmax(-1)
+        def launch() -> None:
+            snapshot = [(slot, o) for slot, o in enumerate(owner) if o is not None]
+            nxt = decoder.decode(tokens, positions, max(where[s] for s, _ in snapshot)).argmax(-1)
             tokens.copy_(nxt)
-            positions += live
-            for s in active:
+            positions.add_(live)
+            left.sub_(live)
+            live.mul_(~(torch.isin(nxt, stops) | (left <= 0)))
+            for s, _ in snapshot:
                 where[s] += 1
-            picked = nxt.tolist()  # every slot in one read-back (indexing by a list first would send it over)
-            for slot in self._record([picked[s] for s in active], [owner[s] for s in active], generated,
-                                     max_new_tokens, owner, active):
-                live[slot] = 0
-        return generated
+            if device.type == "cuda":
+                event = torch.cuda.Event()
+                picked = torch.empty(nxt.shape, dtype=nxt.dtype, pin_memory=True)  # a copy the host need not wait for
+                picked.copy_(nxt, non_blocking=True)
+                event.record()
+            else:
+                picked, event = nxt.clone(), None
+            unread.append((picked, event, snapshot))
+
+        def read() -> None:
+            picked, event, snapshot = unread.popleft()
+            if event is not None:
+                event.synchronize()
+            new = picked.tolist()
+            # a slot whose sequence ended at an earlier step (or that has been refilled since) was frozen
+            current = [(s, o) for s, o in snapshot if owner[s] == o]
+            self._record([new[s] for s, _ in current], [o for _, o in current], generated, max_new_tokens, owner,
+                         [s for s, _ in current])
+            admit()
+
+        lag = 1 if self.overlap else 0
+        admit()
+        while True:
+            decoding = any(o is not None for o in owner)
+            if decoding:
+                launch()
+            if unread and (len(unread) > lag or not decoding):
+                read()
+            elif not decoding:
+                if not queue:
+                    return generated
+                admit()  # every admitted sequence ended at its prefill: admit more while the queue lasts
 
     def _record(self, new: list[int], idx: list[int], generated: list[list[int]], max_new_tokens: int,
                 owner: list[int | None], slots: list[int]) -> list[int]:

@@ -38,8 +38,8 @@ from transformers import Qwen2Config
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding, apply_rotary_pos_emb
 
 from .common import DTYPES, Case, strided
-from .swiglu import (_load_f32, _round_mid, _store, bits_view, check_dtype, jit_in_mode, pick_variant,
-                     resolve_interpret)
+from .swiglu import (_HELPERS, _load_f32, _round_mid, _store, bits_view, check_dtype, jit_in_mode,
+                     pick_variant, resolve_interpret)
 
 try:
     import triton
@@ -92,6 +92,16 @@ def rope_variant(variant: str | RopeVariant | None) -> RopeVariant:
     return pick_variant("rope", variant, ROPE_VARIANTS, DEFAULT_ROPE_VARIANT)
 
 
+def _rotate(x1, x2, c1, c2, s1, s2, KIND: tl.constexpr, HAND: tl.constexpr, SKIP: tl.constexpr):
+    """The forward's two halves before their final rounding (the store rounds them), from fp32 x, cos, sin."""
+    # q * cos + rotate_half(q) * sin, rotate_half(q) = cat(-x2, x1); x * -1.0 is an exact negation
+    a1 = _round_mid(x1 * c1, KIND, HAND, SKIP)
+    b1 = _round_mid((x2 * -1.0) * s1, KIND, HAND, SKIP)
+    a2 = _round_mid(x2 * c2, KIND, HAND, SKIP)
+    b2 = _round_mid(x1 * s2, KIND, HAND, SKIP)
+    return a1 + b1, a2 + b2
+
+
 def _rope_fwd_body(x_ptr, cos_ptr, sin_ptr, out_ptr, n_rows, H, T, half,
                    sxb, sxh, sxt, sxd, scb, sch, sct, scd, ssb, ssh, sst, ssd, sob, soh, sot, sod,
                    KIND: tl.constexpr, HAND: tl.constexpr, SKIP: tl.constexpr,
@@ -112,13 +122,9 @@ def _rope_fwd_body(x_ptr, cos_ptr, sin_ptr, out_ptr, n_rows, H, T, half,
     c2 = _load_f32(cr + (d + half) * scd, m, KIND)
     s1 = _load_f32(sr + d * ssd, m, KIND)
     s2 = _load_f32(sr + (d + half) * ssd, m, KIND)
-    # q * cos + rotate_half(q) * sin, rotate_half(q) = cat(-x2, x1); x * -1.0 is an exact negation
-    a1 = _round_mid(x1 * c1, KIND, HAND, SKIP)
-    b1 = _round_mid((x2 * -1.0) * s1, KIND, HAND, SKIP)
-    a2 = _round_mid(x2 * c2, KIND, HAND, SKIP)
-    b2 = _round_mid(x1 * s2, KIND, HAND, SKIP)
-    _store(orow + d * sod, a1 + b1, m, KIND, HAND)
-    _store(orow + (d + half) * sod, a2 + b2, m, KIND, HAND)
+    out1, out2 = _rotate(x1, x2, c1, c2, s1, s2, KIND, HAND, SKIP)
+    _store(orow + d * sod, out1, m, KIND, HAND)
+    _store(orow + (d + half) * sod, out2, m, KIND, HAND)
 
 
 def _rope_bwd_body(g_ptr, cos_ptr, sin_ptr, dx_ptr, n_rows, H, T, half,
@@ -151,9 +157,12 @@ def _rope_bwd_body(g_ptr, cos_ptr, sin_ptr, dx_ptr, n_rows, H, T, half,
     _store(orow + (d + half) * sod, _round_mid(e2 + dr1 * -1.0, KIND, HAND, SKIP) + 0.0, m, KIND, HAND)
 
 
+ROPE_HELPERS = _HELPERS + (_rotate,)
+
+
 @functools.cache
 def _rope_kernels(interpret: bool):
-    return jit_in_mode(interpret, (_rope_fwd_body, _rope_bwd_body))
+    return jit_in_mode(interpret, (_rope_fwd_body, _rope_bwd_body), helpers=ROPE_HELPERS)
 
 
 NUM_WARPS = 4
