@@ -7,6 +7,7 @@ import torch
 
 from test_rl_subject import TASK
 from workflow_src.engine import ThroughputMeter, make_engine
+from workflow_src.engine.attention import attention_backend
 from workflow_src.engine.hf import HFEngine
 from workflow_src.engine.static import StaticEngine
 from workflow_src.kernels.decode_attention import DEFAULT_LAUNCH, Launch
@@ -140,7 +141,6 @@ def test_triton_decode_attention_agrees_with_sdpa(model_and_tokenizer, prompts):
     assert sum(a == b for a, b in zip(got, sdpa)) / len(got) >= 0.9, (got, sdpa)
     assert engine.generate(prompts[:4], 8) == got
     assert engine._decoder.span(0) == engine._decoder.capacity
-    from workflow_src.engine.attention import attention_backend  # what the records say
     assert attention_backend(engine)["decode"] == "triton:kernels/decode_attention.py"
     assert attention_backend(engine)["decode_launch"] == dataclasses.asdict(DEFAULT_LAUNCH)
     split = StaticEngine(model, tok, 4, attention="triton", launch=Launch(block_n=16, splits=3))
@@ -156,13 +156,15 @@ def test_triton_decode_attention_agrees_with_sdpa(model_and_tokenizer, prompts):
 @gpu
 @pytest.mark.parametrize("attention", ["sdpa", "triton"])
 def test_graph_replay_equals_eager_decode(model_and_tokenizer, prompts, attention):
-    """On a GPU the defaults are the fused kernels and packed projections; with either attention."""
+    """On a GPU the defaults are the fused kernels and packed projections; with either attention. The eager
+    steps are read one by one, the graphed ones overlapped."""
     model, tok = model_and_tokenizer
     model = model.to("cuda")
     try:
-        eager = StaticEngine(model, tok, 8, graphs=False, span_bucket=8, attention=attention).generate(prompts, 20)
+        eager = StaticEngine(model, tok, 8, graphs=False, span_bucket=8, attention=attention,
+                             overlap=False).generate(prompts, 20)
         graphed = StaticEngine(model, tok, 8, graphs=True, span_bucket=8, attention=attention)
-        assert graphed._decoder is None or graphed.fused and graphed.packed
+        assert graphed.fused and graphed.packed
         assert graphed.generate(prompts, 20) == eager
         # sdpa: one graph per span reached; triton: one graph for every step
         assert (len(graphed._decoder._graphs) > 1) == (attention == "sdpa")
@@ -189,6 +191,8 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
     assert all(0 < e["generated_tokens"] <= 5 * 6 and e["prompts"] == 5 for e in engines.values())
     assert doc["population"]["seeds"] == 2 and doc["population"]["engines"]["static"]["seeds_per_s"] > 0
     assert set(doc["population"]["engines"]) == {"static", "static:span=4"}
+    assert len(doc["population"]["engines"]["static"]["seed_seconds"]) == 2
+    assert doc["population"]["engines"]["static"]["seeds_per_s_after_first"] > 0
     with pytest.raises(SystemExit):
         main(["--tiny", "--device", "cpu", "--out", str(out), "--engines", "static", "--population-engines", "hf"])
     prof = doc["profile"]
