@@ -11,8 +11,9 @@ attention kernel in place of SDPA; parts joined by `+`), it prefills
 attending over spans of 256, 512 and the whole capacity:
 - `step_ms`: a step as the engine runs it on a GPU (its CUDA graph replayed; eager on the CPU), the mean of
   `--reps` steps between two CUDA events;
-- `loop_ms`: the step plus what the engine's loop adds per step on the host (argmax, the copy of the next
-  tokens and their read-back to the host), wall clock;
+- `loop_ms`: the step plus the argmax, the copy of the next tokens and their read-back to the host, each step
+  read before the next is launched (the engine with `overlap=0`; by default it reads a step while the next
+  one runs), wall clock;
 - `kernels`: one eager step at span 512 under the torch profiler, device time per kernel summed into
   GEMM / attention / other (host time per op on the CPU), the top kernels by time;
 - `logits_equal_to_first`: whether the step's logits equal the first variant's, bit for bit, at each span.
