@@ -95,7 +95,6 @@ class SlotDecoder:
         self.tokens = torch.zeros(slots, dtype=torch.long, device=device)
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)
         self.key_index = torch.arange(capacity, device=device)
-        self.rows = torch.arange(slots, device=device)
         self.graphs = graphs and device.type == "cuda"
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # span -> (graph, its logits)
 
