@@ -4,8 +4,8 @@ Reference: `rope_cache_reference`, what the static engine's decode step did op b
 slot's position from the rotary table, rotate q and k (`rope.apply_rope`), and write the rotated key and the
 value into the cache at [slot, kv_head, position] (two index_put copies). Kernel: `rope_cache`, all of it in
 one launch (one program per slot: its query heads, its key heads and its value heads as three tiles), in place
-of four launches per layer and two gathers per step (at 7B on the H200 the two index_puts alone took 0.24 ms of
-a 6.25 ms step: docs/benchmarks/2026-12-01-h200-words-and-rmsnorm.md).
+of four launches per layer and two gathers per step (at 7B on the H200: 0.36 ms of RoPE and index_puts became
+0.085 ms, and the step 0.28 ms shorter; docs/benchmarks/2026-12-02-h200-decode-step-launches.md).
 
 The rotation is `rope.py`'s forward (the same `_rotate`: eager's roundings, nothing contracted), so on CUDA the
 bits are eager's; values are copied as raw bits. Only mul, add and negation: the CPU interpreter gives the
