@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - the receipt then reports these cases a
 
 from ..randopt import noise
 from .common import DTYPES, Case
-from .swiglu import jit_in_mode
+from .swiglu import jit_in_mode, resolve_interpret
 
 # The launch the Perturber's graph uses: the fastest of bench_perturb's sweep of the `words` variant on the
 # H200, within a few per cent of 1024/2 and 4096/4 (docs/benchmarks/2026-12-01-h200-words-and-rmsnorm.md).
@@ -279,12 +279,6 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-def _interpreted_on(device: torch.device) -> bool:
-    """Whether a launch on `device` runs in the Triton interpreter when the caller does not say: on the CPU,
-    or when TRITON_INTERPRET=1."""
-    return device.type == "cpu" or os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def _bits_view(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.float32 else t.view(torch.int16)
 
@@ -320,8 +314,7 @@ def _word_views(src: torch.Tensor, dst: torch.Tensor, start: int, count: int):
 def _launch(base, target, n, offset, seed, sigma, block, num_warps, interpret, from_ptr, variant):
     if variant not in VARIANTS:
         raise ValueError(f"perturb kernel variant {variant!r}; known: {VARIANTS}")
-    if interpret is None:
-        interpret = _interpreted_on(base.device)
+    interpret = resolve_interpret(base, interpret)
     extra = {} if num_warps is None else {"num_warps": num_warps}
     src, dst = _bits_view(base).view(-1), _bits_view(target).view(-1)
     whole = n - n % block
@@ -417,7 +410,7 @@ class GroupedWords:
         if first >= 2**31:
             raise ValueError(f"{first} blocks: more than one launch's 2**31 - 1 programs")
         device = pairs[0][0].device
-        self.interpret = _interpreted_on(device) if interpret is None else interpret
+        self.interpret = resolve_interpret(pairs[0][0], interpret)
         self.table = torch.tensor(rows, dtype=torch.int64, device=device)
         self.tensor_of = torch.repeat_interleave(torch.arange(len(rows), dtype=torch.int32, device=device),
                                                  torch.tensor(counts, device=device))
