@@ -193,6 +193,17 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
     assert set(doc["population"]["engines"]) == {"static", "static:span=4"}
     assert len(doc["population"]["engines"]["static"]["seed_seconds"]) == 2
     assert doc["population"]["engines"]["static"]["seeds_per_s_after_first"] > 0
+    # each engine against the roofline floor of the same workload (engine/roofline.py; tests/test_roofline.py)
+    assert doc["ceilings"]["copy"]["gb_per_s"] > 0 and doc["ceilings"]["matmul"]["tflop_per_s"] > 0
+    fl = doc["shapes"]["0.5B"]["floor"]
+    assert fl["work"]["prompts"] == 5 and fl["work"]["generated_tokens"] == 5 * 6 and fl["work"]["decode_steps"] == 2 * 5
+    assert fl["seconds"] == pytest.approx(fl["weights_s"] + fl["kv_s"] + fl["prefill_s"])
+    for e in engines.values():
+        assert e["share_of_floor"] == pytest.approx(fl["seconds"] / e["seconds"])
+    pop = doc["population"]
+    assert pop["floor_seeds_per_s"] == pytest.approx(1 / fl["seconds"])
+    assert pop["engines"]["static"]["share_of_floor"] == pytest.approx(
+        pop["engines"]["static"]["seeds_per_s_after_first"] / pop["floor_seeds_per_s"])
     with pytest.raises(SystemExit):
         main(["--tiny", "--device", "cpu", "--out", str(out), "--engines", "static", "--population-engines", "hf"])
     prof = doc["profile"]

@@ -15,6 +15,10 @@ among near-equal logits, so agreement here says little; the CPU tests measure it
 (`randopt.perturb.Perturber`) and the generation of all prompts with each engine (or those named by
 `--population-engines`); seeds/s = N / seconds, and the seconds of each seed (the first also captures the
 new engine's graphs).
+Beside the engines, the device's copy bandwidth and matrix rate are measured (`roofline.ceilings`), and each
+shape's workload gets its roofline floor (`roofline.generation_work`, `roofline.floor`: the weights and KV
+cache its decode steps must read, its prefill's GEMM arithmetic): each engine's `share_of_floor` is the floor's
+seconds over its own, and the population's is its seeds/s (after the first seed) over the floor's seeds/s.
 `--profile N` then profiles N new tokens of the static engine on the last shape with the torch profiler,
 eager (kernels inside a replayed CUDA graph are not attributed one by one), and records the ops that took the
 most device (CPU: host) time: where a decode step goes, as a guide to the next optimization.
@@ -45,6 +49,7 @@ from ..kernels.decode_attention import Launch
 from ..model.shapes import SHORT_NAMES, architecture
 from ..tasks import synthetic_arithmetic as task
 from . import ThroughputMeter, make_engine
+from .roofline import ceilings, floor, generation_work
 
 SHAPES = SHORT_NAMES
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -174,9 +179,16 @@ def main(argv: list[str] | None = None) -> None:
            "attention": attention_backend(),
            "device_name": torch.cuda.get_device_name() if a.device == "cuda" else platform.processor(),
            "args": vars(a), "shapes": {}}
+    doc["ceilings"] = ceilings(a.device, torch.bfloat16 if a.device == "cuda" else torch.float32)
+    print(f"ceilings: copy {doc['ceilings']['copy']['gb_per_s']:,.0f} GB/s, matmul "
+          f"{doc['ceilings']['matmul']['tflop_per_s']:,.1f} TFLOP/s", flush=True)
     for shape in a.shapes:
         model, tok = random_model(shape, a.device, a.tiny)
-        row: dict = {"parameters": sum(p.numel() for p in model.parameters()), "engines": {}}
+        work = generation_work(model, [len(ids) for ids in tok(prompts)["input_ids"]], a.new_tokens, a.batch)
+        row: dict = {"parameters": sum(p.numel() for p in model.parameters()), "engines": {},
+                     "floor": {"work": work, **floor(work, doc["ceilings"])}}
+        print(f"{shape:>5} {'floor':>16}: {row['floor']['gen_tokens_per_s']:,.0f} gen-tok/s "
+              f"({row['floor']['seconds']:.3f} s per generation of the prompts)", flush=True)
         first = None
         for name in a.engines:
             engine = bench_engine(name, model, tok, a.batch, ThroughputMeter(sync=sync))
@@ -188,12 +200,14 @@ def main(argv: list[str] | None = None) -> None:
             res["ratio_to_" + first[0]] = res["gen_tokens_per_s"] / first[2]
             res["agreement_with_" + first[0]] = sum(x == y for x, y in zip(completions, first[1])) / len(prompts)
             res["attention"] = attention_backend(engine)
+            res["share_of_floor"] = row["floor"]["seconds"] / res["seconds"]
             row["engines"][name] = res
             print(f"{shape:>5} {name:>16}: {res['gen_tokens_per_s']:,.0f} gen-tok/s "
-                  f"({res['ratio_to_' + first[0]]:.2f}x {first[0]})", flush=True)
+                  f"({res['ratio_to_' + first[0]]:.2f}x {first[0]}, {res['share_of_floor']:.0%} of the floor)",
+                  flush=True)
         doc["shapes"][shape] = row
         if a.seeds and shape == a.shapes[-1]:
-            doc["population"] = population(model, tok, a, prompts, sync)
+            doc["population"] = population(model, tok, a, prompts, sync, row["floor"]["seconds"])
         if a.profile and shape == a.shapes[-1]:
             doc["profile"] = profile_static(model, tok, a, prompts, sync)
         del model
@@ -226,11 +240,15 @@ def profile_static(model, tok, a, prompts, sync, top: int = 25) -> dict:
             "total_ms": total / 1e3, "per_new_token_ms": total / 1e3 / a.profile, "top": rows}
 
 
-def population(model, tok, a, prompts, sync) -> dict:
+def population(model, tok, a, prompts, sync, floor_seconds: float) -> dict:
+    """Seeds/s of a population per engine; `floor_seconds`, the roofline floor of one seed's generation (the
+    weight switch not counted), gives the floor's seeds/s and each engine's share of it (after the first seed
+    where there are several)."""
     from ..randopt.noise import population_seeds
     from ..randopt.perturb import Perturber
     perturber = Perturber(model)
-    out = {"seeds": a.seeds, "sigma": a.sigma, "prompts": len(prompts), "engines": {}}
+    out = {"seeds": a.seeds, "sigma": a.sigma, "prompts": len(prompts), "floor_seeds_per_s": 1 / floor_seconds,
+           "engines": {}}
     for name in a.population_engines or a.engines:
         engine = bench_engine(name, model, tok, a.batch, ThroughputMeter(sync=sync))
         sync()
@@ -248,9 +266,11 @@ def population(model, tok, a, prompts, sync) -> dict:
         row = {"seconds": seconds, "seeds_per_s": a.seeds / seconds, "seed_seconds": per_seed}
         if len(per_seed) > 1:  # the first seed also captures the new engine's graphs
             row["seeds_per_s_after_first"] = (len(per_seed) - 1) / sum(per_seed[1:])
+        row["share_of_floor"] = row.get("seeds_per_s_after_first", row["seeds_per_s"]) * floor_seconds
         out["engines"][name] = row
         print(f"population {name:>7}: {a.seeds / seconds:.3f} seeds/s"
-              + (f" ({row['seeds_per_s_after_first']:.3f} after the first)" if len(per_seed) > 1 else ""), flush=True)
+              + (f" ({row['seeds_per_s_after_first']:.3f} after the first)" if len(per_seed) > 1 else "")
+              + f", {row['share_of_floor']:.0%} of the floor's {1 / floor_seconds:.3f}", flush=True)
     return out
 
 

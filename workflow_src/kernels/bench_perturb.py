@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from ..engine.roofline import copy_bandwidth
 from ..model.shapes import architecture, parameter_shapes
 from ..randopt import noise
 from .perturb import BLOCK, DEFAULT_VARIANT, NUM_WARPS, VARIANTS, SwitchGraph, reconstruct_triton
@@ -54,16 +55,6 @@ def timed(fn, repeats: int) -> list[float]:
         torch.cuda.synchronize()
         out.append(a.elapsed_time(b))
     return out
-
-
-def copy_bandwidth(gib: float = 4.0, repeats: int = 10) -> dict:
-    n = int(gib * 2**30)
-    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    ms = timed(lambda: dst.copy_(src), repeats)
-    med = statistics.median(ms)
-    del src, dst
-    return {"bytes_moved": 2 * n, "ms_median": med, "ms_all": ms, "gb_per_s": 2 * n / med / 1e6}
 
 
 def sweep_launch_configs(numel: int, repeats: int, blocks=(512, 1024, 2048, 4096, 8192), warps=(2, 4, 8, 16),
@@ -215,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench_perturb needs a CUDA device")
     t0 = time.time()
-    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy": copy_bandwidth(), "sets": []}
+    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy": copy_bandwidth("cuda"), "sets": []}
     import triton
     doc["triton"] = triton.__version__
     launches = {v: (BLOCK, NUM_WARPS) for v in a.variants}
