@@ -36,7 +36,7 @@ COPY_BYTES = {"cuda": 4 * 2**30, "cpu": 256 * 2**20}
 MATMUL_N = {"cuda": 8192, "cpu": 1024}
 
 
-def _timed_ms(fn: Callable[[], object], device: str, repeats: int) -> list[float]:
+def timed_ms(fn: Callable[[], object], repeats: int, device: str = "cuda") -> list[float]:
     """Milliseconds of each of `repeats` calls after one warm-up (CUDA events on a GPU, the host clock else)."""
     fn()
     if device == "cuda":
@@ -62,7 +62,7 @@ def copy_bandwidth(device: str = "cuda", nbytes: int | None = None, repeats: int
     n = nbytes or COPY_BYTES[device]
     src = torch.full((n,), 7, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    ms = _timed_ms(lambda: dst.copy_(src), device, repeats)
+    ms = timed_ms(lambda: dst.copy_(src), repeats, device)
     med = statistics.median(ms)
     return {"bytes_moved": 2 * n, "ms_median": med, "ms_all": ms, "gb_per_s": 2 * n / med / 1e6}
 
@@ -74,7 +74,7 @@ def matmul_rate(device: str = "cuda", dtype: torch.dtype = torch.bfloat16, n: in
     gen = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(n, n, device=device, dtype=torch.float32, generator=gen).to(dtype)
     b = torch.randn(n, n, device=device, dtype=torch.float32, generator=gen).to(dtype)
-    ms = _timed_ms(lambda: a @ b, device, repeats)
+    ms = timed_ms(lambda: a @ b, repeats, device)
     med = statistics.median(ms)
     return {"n": n, "dtype": str(dtype).removeprefix("torch."), "ms_median": med, "ms_all": ms,
             "tflop_per_s": 2 * n**3 / med / 1e9}

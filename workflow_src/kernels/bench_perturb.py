@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from ..engine.roofline import copy_bandwidth
+from ..engine.roofline import copy_bandwidth, timed_ms as timed
 from ..model.shapes import architecture, parameter_shapes
 from ..randopt import noise
 from .perturb import BLOCK, DEFAULT_VARIANT, NUM_WARPS, VARIANTS, SwitchGraph, reconstruct_triton
@@ -41,20 +41,6 @@ def qwen2_param_shapes(label: str) -> list[tuple[int, ...]]:
 
 def flat_shapes(total: int, chunk: int = 50_000_000) -> list[tuple[int, ...]]:
     return [(min(chunk, total - s),) for s in range(0, total, chunk)]
-
-
-def timed(fn, repeats: int) -> list[float]:
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b))
-    return out
 
 
 def sweep_launch_configs(numel: int, repeats: int, blocks=(512, 1024, 2048, 4096, 8192), warps=(2, 4, 8, 16),
