@@ -25,10 +25,11 @@ import argparse
 import json
 import math
 import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
+
+from ..kernels.check_fused_gpu import times_ms
 
 # Sizes that run well past launch overhead: several times a GPU's L2 (the copy) and a product whose arithmetic
 # dwarfs its memory traffic; on a CPU, a copy beyond the caches and a product of a few hundred milliseconds.
@@ -36,33 +37,12 @@ COPY_BYTES = {"cuda": 4 * 2**30, "cpu": 256 * 2**20}
 MATMUL_N = {"cuda": 8192, "cpu": 1024}
 
 
-def timed_ms(fn: Callable[[], object], repeats: int, device: str = "cuda") -> list[float]:
-    """Milliseconds of each of `repeats` calls after one warm-up (CUDA events on a GPU, the host clock else)."""
-    fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t0) * 1e3)
-    return out
-
-
 def copy_bandwidth(device: str = "cuda", nbytes: int | None = None, repeats: int = 10) -> dict:
-    """A copy of `nbytes` on `device`: bytes read and written over the median time."""
+    """A copy of `nbytes` on `device`: bytes read and written over the median time (`ms_all`: each copy's)."""
     n = nbytes or COPY_BYTES[device]
     src = torch.full((n,), 7, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    ms = timed_ms(lambda: dst.copy_(src), repeats, device)
+    ms = times_ms(lambda: dst.copy_(src), device, repeats)
     med = statistics.median(ms)
     return {"bytes_moved": 2 * n, "ms_median": med, "ms_all": ms, "gb_per_s": 2 * n / med / 1e6}
 
@@ -74,7 +54,7 @@ def matmul_rate(device: str = "cuda", dtype: torch.dtype = torch.bfloat16, n: in
     gen = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(n, n, device=device, dtype=torch.float32, generator=gen).to(dtype)
     b = torch.randn(n, n, device=device, dtype=torch.float32, generator=gen).to(dtype)
-    ms = timed_ms(lambda: a @ b, repeats, device)
+    ms = times_ms(lambda: a @ b, device, repeats)
     med = statistics.median(ms)
     return {"n": n, "dtype": str(dtype).removeprefix("torch."), "ms_median": med, "ms_all": ms,
             "tflop_per_s": 2 * n**3 / med / 1e9}

@@ -26,9 +26,10 @@ import time
 
 import torch
 
-from ..engine.roofline import copy_bandwidth, timed_ms as timed
+from ..engine.roofline import copy_bandwidth
 from ..model.shapes import architecture, parameter_shapes
 from ..randopt import noise
+from .check_fused_gpu import times_ms
 from .perturb import BLOCK, DEFAULT_VARIANT, NUM_WARPS, VARIANTS, SwitchGraph, reconstruct_triton
 
 # Benchmark labels -> public architectures (workflow_src/model/shapes.py).
@@ -51,8 +52,8 @@ def sweep_launch_configs(numel: int, repeats: int, blocks=(512, 1024, 2048, 4096
     out = []
     for block in blocks:
         for nw in warps:
-            ms = timed(lambda: reconstruct_triton(base, target, 7, 1e-3, 0, block=block, interpret=False,
-                                                  num_warps=nw, variant=variant), repeats)
+            ms = times_ms(lambda: reconstruct_triton(base, target, 7, 1e-3, 0, block=block, interpret=False,
+                                                     num_warps=nw, variant=variant), "cuda", repeats)
             med = statistics.median(ms)
             out.append({"block": block, "num_warps": nw, "variant": variant, "ms_median": med, "ms_all": ms,
                         "gb_per_s": 4 * numel / med / 1e6})
@@ -112,15 +113,15 @@ def bench_set(label: str, shapes, sigma: float, repeats: int, launches: dict[str
                                                   grouped=False), (block, num_warps))
 
     perturb(state["seed"], +1.0)
-    old = timed(switch_old, repeats)
-    fused = timed(switch_fused, repeats)
-    fused_graph = timed(switch_graph, repeats)
+    old = times_ms(switch_old, "cuda", repeats)
+    fused = times_ms(switch_fused, "cuda", repeats)
+    fused_graph = times_ms(switch_graph, "cuda", repeats)
     variants = {}
     for v, (other, (v_block, v_warps)) in others.items():
         def switch_other(other=other) -> None:
             state["seed"] += 1
             other.switch(state["seed"], sigma)
-        ms = timed(switch_other, repeats)
+        ms = times_ms(switch_other, "cuda", repeats)
         other.switch(777, sigma)  # its bits against the default variant's, on every tensor
         out = [t.clone() for t in target]
         graph.switch(777, sigma)

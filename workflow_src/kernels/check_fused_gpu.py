@@ -70,15 +70,16 @@ def _variants_to_run(variants: list[str], dtype: torch.dtype, deadline: float, o
         yield name
 
 
-def timed_ms(fn, device: str, repeats: int, warmup: int | None = None) -> float:
-    """Median wall time of fn() in ms: CUDA events on a GPU (3 warm-up calls), perf_counter on a CPU (1)."""
+def times_ms(fn, device: str, repeats: int, warmup: int | None = None) -> list[float]:
+    """Wall time of each of `repeats` calls of fn() in ms: CUDA events on a GPU (after 3 warm-up calls),
+    perf_counter on a CPU (after 1)."""
     if warmup is None:
         warmup = 3 if device.startswith("cuda") else 1
     for _ in range(warmup):
         fn()
+    times = []
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-        times = []
         for _ in range(repeats):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -86,13 +87,17 @@ def timed_ms(fn, device: str, repeats: int, warmup: int | None = None) -> float:
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
-        return statistics.median(times)
-    times = []
+        return times
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return times
+
+
+def timed_ms(fn, device: str, repeats: int, warmup: int | None = None) -> float:
+    """Median of times_ms."""
+    return statistics.median(times_ms(fn, device, repeats, warmup))
 
 
 def graph_timed_ms(fn, repeats: int, warmup: int = 3) -> float:
