@@ -74,7 +74,7 @@ def generation_work(model: torch.nn.Module, prompt_lengths: Sequence[int], max_n
     embed = model.get_input_embeddings().weight
     head = model.get_output_embeddings().weight
     tied = head.data_ptr() == embed.data_ptr()
-    params = {p.data_ptr(): p for p in model.parameters()}.values()  # a tied weight once
+    params = list(model.parameters())  # a tied weight once
     step_bytes = sum(p.numel() * p.element_size() for p in params if p.data_ptr() != embed.data_ptr())
     if tied:
         step_bytes += head.numel() * head.element_size()
