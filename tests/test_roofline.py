@@ -54,13 +54,41 @@ def test_prefill_flop_equal_the_linear_layers_of_a_real_prefill():
     assert linear > 0 and generation_work(model, lengths, 2, 3)["prefill_flop"] == linear
 
 
-def test_floor_adds_the_reads_at_the_copy_rate_and_the_prefill_at_the_matrix_rate():
-    work = {"decode_steps": 10, "weight_bytes_per_step": 4e9, "kv_bytes": 2e9, "prefill_flop": 3e12,
-            "generated_tokens": 1000}
-    got = floor(work, {"copy": {"gb_per_s": 1000.0}, "matmul": {"tflop_per_s": 100.0}})
-    assert got["weights_s"] == pytest.approx(0.04) and got["kv_s"] == pytest.approx(0.002)
-    assert got["prefill_s"] == pytest.approx(0.03) and got["seconds"] == pytest.approx(0.072)
-    assert got["gen_tokens_per_s"] == pytest.approx(1000 / 0.072)
+def test_waves_split_the_prompts_in_queue_order_with_their_reads_and_arithmetic():
+    model = tiny(False)
+    lengths, new, slots = [3, 9, 4, 1, 6], 5, 2
+    work = generation_work(model, lengths, new, slots)
+    per_position = work["kv_bytes_per_position"]
+    matrices = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and n != "model.embed_tokens.weight")
+    assert [w["rows"] for w in work["waves"]] == [2, 2, 1]
+    for wave, held in zip(work["waves"], ([3, 9], [4, 1], [6])):
+        assert wave["kv_bytes"] == sum(n + t for n in held for t in range(1, new)) * per_position
+        assert wave["decode_flop"] == 2 * matrices * len(held) * (new - 1)  # every row through every matrix, per step
+    assert work["kv_bytes"] == sum(w["kv_bytes"] for w in work["waves"])
+    assert work["decode_flop"] == sum(w["decode_flop"] for w in work["waves"])
+
+
+def _work(rows: int) -> dict:
+    return {"decode_steps": 10, "steps_per_wave": 10, "weight_bytes_per_step": 4e9, "kv_bytes": 2e9,
+            "decode_flop": rows * 4e9 * 10, "waves": [{"rows": rows, "kv_bytes": 2e9, "decode_flop": rows * 4e9 * 10}],
+            "prefill_flop": 3e12, "generated_tokens": 1000}
+
+
+def test_floor_takes_each_wave_at_the_slower_of_its_reads_and_its_arithmetic():
+    measured = {"copy": {"gb_per_s": 1000.0}, "matmul": {"tflop_per_s": 100.0}}  # cross at 100 FLOP per byte
+    reads = floor(_work(8), measured)  # 8 FLOP per weight byte: the reads bound it
+    assert reads["decode_bound"] == "reads"
+    assert reads["weights_s"] == pytest.approx(0.04) and reads["kv_s"] == pytest.approx(0.002)
+    assert reads["decode_s"] == pytest.approx(0.042) and reads["decode_flop_s"] == pytest.approx(0.0032)
+    assert reads["prefill_s"] == pytest.approx(0.03) and reads["seconds"] == pytest.approx(0.072)
+    assert reads["gen_tokens_per_s"] == pytest.approx(1000 / 0.072)
+    arithmetic = floor(_work(400), measured)  # 400 FLOP per weight byte: the arithmetic bounds it
+    assert arithmetic["decode_bound"] == "arithmetic" and arithmetic["decode_s"] == pytest.approx(0.16)
+    assert arithmetic["seconds"] == pytest.approx(0.19)
+    mixed = _work(8)
+    mixed["waves"].append(_work(400)["waves"][0])
+    assert floor(mixed, measured)["decode_s"] == pytest.approx(0.042 + 0.16)
+    assert floor(mixed, measured)["decode_bound"] == "arithmetic/reads"
 
 
 def test_bad_workloads_are_refused():

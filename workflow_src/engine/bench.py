@@ -16,9 +16,10 @@ among near-equal logits, so agreement here says little; the CPU tests measure it
 `--population-engines`); seeds/s = N / seconds, and the seconds of each seed (the first also captures the
 new engine's graphs).
 Beside the engines, the device's copy bandwidth and matrix rate are measured (`roofline.ceilings`), and each
-shape's workload gets its roofline floor (`roofline.generation_work`, `roofline.floor`: the weights and KV
-cache its decode steps must read, its prefill's GEMM arithmetic): each engine's `share_of_floor` is the floor's
-seconds over its own, and the population's is its seeds/s (after the first seed) over the floor's seeds/s.
+shape's workload gets its roofline floor (`roofline.generation_work`, `roofline.floor`: its decode steps at
+the slower of the weights and KV cache they must read and their GEMM arithmetic, its prefill's arithmetic):
+each engine's `share_of_floor` is the floor's seconds over its own, and the population's is its seeds/s
+(after the first seed) over the floor's seeds/s.
 `--profile N` then profiles N new tokens of the static engine on the last shape with the torch profiler,
 eager (kernels inside a replayed CUDA graph are not attributed one by one), and records the ops that took the
 most device (CPU: host) time: where a decode step goes, as a guide to the next optimization.
@@ -188,7 +189,8 @@ def main(argv: list[str] | None = None) -> None:
         row: dict = {"parameters": sum(p.numel() for p in model.parameters()), "engines": {},
                      "floor": {"work": work, **floor(work, doc["ceilings"])}}
         print(f"{shape:>5} {'floor':>16}: {row['floor']['gen_tokens_per_s']:,.0f} gen-tok/s "
-              f"({row['floor']['seconds']:.3f} s per generation of the prompts)", flush=True)
+              f"({row['floor']['seconds']:.3f} s per generation of the prompts; decode bound by "
+              f"{row['floor']['decode_bound']})", flush=True)
         first = None
         for name in a.engines:
             engine = bench_engine(name, model, tok, a.batch, ThroughputMeter(sync=sync))

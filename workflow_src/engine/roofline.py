@@ -1,5 +1,6 @@
-"""The least time a batched greedy generation can take on a device: the bytes its decode steps must read at a
-measured copy bandwidth, plus its prefill's GEMM arithmetic at a measured matrix rate.
+"""The least time a batched greedy generation can take on a device: its decode steps at the slower of the bytes
+they must read (at a measured copy bandwidth) and their GEMM arithmetic (at a measured matrix rate), plus its
+prefill's GEMM arithmetic at that rate.
 
     python -m workflow_src.engine.roofline [--device cuda] [--dtype bfloat16] [--out ceilings.json]
 
@@ -12,9 +13,13 @@ max_new_tokens, as random weights make them; stops only shorten the work):
   embedding table, of which a step reads one row per slot (a tied lm_head reads it whole and counts once);
 - at position p a slot reads the keys and values of positions 0..p in every layer;
 - decode steps: waves × (max_new_tokens − 1), waves = ceil(prompts / slots) (the first token comes from the
-  prefill);
-- the prefill multiplies each prompt token by the layers' weight matrices (2 FLOP per weight) and each prompt's
-  last position by the lm_head; attention's own arithmetic is left out (under 1 % at 200-token prompts on Qwen2.5-7B).
+  prefill), a wave's steps over the prompts it holds (the queue's order);
+- a decode step multiplies each of its rows by the layers' weight matrices and the lm_head (2 FLOP per weight
+  and row): per weight byte as many FLOP as rows in bf16, so a step with more rows than the device's ratio of
+  matrix rate to copy bandwidth is bound by its arithmetic, not its reads. A wave takes the slower of the two
+  (the reads, KV cache included, at the copy rate; the arithmetic at the matrix rate);
+- the prefill multiplies each prompt token by the layers' weight matrices and each prompt's last position by the
+  lm_head; attention's own arithmetic is left out (under 1 % at 200-token prompts on Qwen2.5-7B).
 Norms, activations, attention arithmetic, gaps between kernels and the host come on top: an engine's share of
 the floor says how close to the memory and matrix ceilings it runs, not what it could reach.
 """
@@ -84,25 +89,43 @@ def generation_work(model: torch.nn.Module, prompt_lengths: Sequence[int], max_n
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     kv_per_position = cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 2 * embed.element_size()
     steps_per_prompt = max_new_tokens - 1
-    # a prompt of length n reads n + t positions at its decode step t = 1 .. steps_per_prompt
-    kv_positions = sum(n * steps_per_prompt + steps_per_prompt * (steps_per_prompt + 1) // 2 for n in prompt_lengths)
-    waves = math.ceil(len(prompt_lengths) / slots)
-    return {"prompts": len(prompt_lengths), "prompt_tokens": sum(prompt_lengths), "max_new_tokens": max_new_tokens,
-            "slots": slots, "decode_steps": waves * steps_per_prompt, "weight_bytes_per_step": step_bytes,
-            "kv_bytes_per_position": kv_per_position, "kv_bytes": kv_positions * kv_per_position,
-            "prefill_flop": 2 * layer_weights * sum(prompt_lengths) + 2 * head_weights * len(prompt_lengths),
+    matrix_weights = layer_weights + head_weights  # what each decode row multiplies
+
+    def kv_positions(lengths: Sequence[int]) -> int:  # length n reads n + t positions at decode step t
+        return sum(n * steps_per_prompt + steps_per_prompt * (steps_per_prompt + 1) // 2 for n in lengths)
+
+    lengths = list(prompt_lengths)
+    waves = [{"rows": len(wave), "kv_bytes": kv_positions(wave) * kv_per_position,
+              "decode_flop": 2 * matrix_weights * len(wave) * steps_per_prompt}
+             for wave in (lengths[i:i + slots] for i in range(0, len(lengths), slots))]
+    return {"prompts": len(lengths), "prompt_tokens": sum(lengths), "max_new_tokens": max_new_tokens,
+            "slots": slots, "decode_steps": len(waves) * steps_per_prompt, "steps_per_wave": steps_per_prompt,
+            "weight_bytes_per_step": step_bytes, "kv_bytes_per_position": kv_per_position,
+            "kv_bytes": sum(w["kv_bytes"] for w in waves), "decode_flop": sum(w["decode_flop"] for w in waves),
+            "waves": waves,
+            "prefill_flop": 2 * layer_weights * sum(lengths) + 2 * head_weights * len(lengths),
             "generated_tokens": len(prompt_lengths) * max_new_tokens}
 
 
 def floor(work: dict, measured: dict) -> dict:
-    """Seconds of `work` (generation_work) at the `measured` ceilings (`ceilings`), and the tokens/s they allow."""
+    """Seconds of `work` (generation_work) at the `measured` ceilings (`ceilings`), and the tokens/s they allow:
+    each wave of decode steps at the slower of its reads and its arithmetic (`decode_bound`: which one bound the
+    waves), then the prefill's arithmetic."""
     copy = measured["copy"]["gb_per_s"] * 1e9
+    rate = measured["matmul"]["tflop_per_s"] * 1e12
     weights_s = work["decode_steps"] * work["weight_bytes_per_step"] / copy
     kv_s = work["kv_bytes"] / copy
-    prefill_s = work["prefill_flop"] / (measured["matmul"]["tflop_per_s"] * 1e12)
-    seconds = weights_s + kv_s + prefill_s
-    return {"seconds": seconds, "weights_s": weights_s, "kv_s": kv_s, "prefill_s": prefill_s,
-            "gen_tokens_per_s": work["generated_tokens"] / seconds}
+    decode_s, bounds = 0.0, set()
+    for wave in work["waves"]:
+        reads_s = (work["steps_per_wave"] * work["weight_bytes_per_step"] + wave["kv_bytes"]) / copy
+        flop_s = wave["decode_flop"] / rate
+        decode_s += max(reads_s, flop_s)
+        bounds.add("reads" if reads_s >= flop_s else "arithmetic")
+    prefill_s = work["prefill_flop"] / rate
+    seconds = decode_s + prefill_s
+    return {"seconds": seconds, "decode_s": decode_s, "decode_bound": "/".join(sorted(bounds)),
+            "weights_s": weights_s, "kv_s": kv_s, "decode_flop_s": work["decode_flop"] / rate,
+            "prefill_s": prefill_s, "gen_tokens_per_s": work["generated_tokens"] / seconds}
 
 
 def main(argv: list[str] | None = None) -> None:
