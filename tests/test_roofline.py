@@ -5,7 +5,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from workflow_src.engine.roofline import ceilings, copy_bandwidth, floor, generation_work, main, matmul_rate
+from workflow_src.engine.roofline import (ceilings, copy_bandwidth, floor, generation_work, main, matmul_rate,
+                                         ridge_rows)
 
 ARCH = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=80, max_position_embeddings=128)
@@ -91,6 +92,18 @@ def test_floor_takes_each_wave_at_the_slower_of_its_reads_and_its_arithmetic():
     assert floor(mixed, measured)["decode_bound"] == "arithmetic/reads"
 
 
+def test_ridge_rows_is_where_a_steps_reads_and_arithmetic_take_equal_time():
+    measured = {"copy": {"gb_per_s": 1000.0}, "matmul": {"tflop_per_s": 100.0}}  # 100 FLOP per byte copied
+    assert ridge_rows(measured, 2) == pytest.approx(100)  # bf16: a row does 2 FLOP per 2-byte weight
+    assert ridge_rows(measured, 4) == pytest.approx(200)  # fp32: 2 FLOP per 4 bytes
+    rows = ridge_rows(measured, 2)  # there the floor's two sides of a wave meet
+    work = {"steps_per_wave": 10, "weight_bytes_per_step": 4e9, "waves": [{"rows": rows, "kv_bytes": 0.0,
+            "decode_flop": 2 * 2e9 * rows * 10}], "decode_steps": 10, "kv_bytes": 0.0, "decode_flop": 2 * 2e9 * rows * 10,
+            "prefill_flop": 0.0, "generated_tokens": 1}
+    got = floor(work, measured)
+    assert got["decode_flop_s"] == pytest.approx(got["weights_s"])
+
+
 def test_bad_workloads_are_refused():
     model = tiny(False)
     for lengths, new, slots in (([], 4, 1), ([3], 0, 1), ([3], 4, 0), ([3, 0], 4, 1)):
@@ -104,8 +117,11 @@ def test_ceilings_measure_on_the_cpu(tmp_path):
     assert copy["bytes_moved"] == 2**21 and len(copy["ms_all"]) == 3 and copy["gb_per_s"] > 0
     mm = matmul_rate("cpu", torch.float32, n=64, repeats=3)
     assert mm["n"] == 64 and mm["dtype"] == "float32" and mm["tflop_per_s"] > 0
-    assert set(ceilings("cpu", torch.float32)) == {"copy", "matmul"}
+    measured = ceilings("cpu", torch.float32)
+    assert set(measured) == {"copy", "matmul", "ridge_rows"}
+    assert measured["ridge_rows"] == ridge_rows(measured, 4) > 0
     out = tmp_path / "ceilings.json"
     main(["--device", "cpu", "--dtype", "float32", "--out", str(out)])
     doc = json.loads(out.read_text())
     assert doc["format"] == "speedproof.ceilings/1" and doc["copy"]["gb_per_s"] > 0 and doc["matmul"]["tflop_per_s"] > 0
+    assert doc["ridge_rows"] > 0

@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> None:
            "args": vars(a), "shapes": {}}
     doc["ceilings"] = ceilings(a.device, torch.bfloat16 if a.device == "cuda" else torch.float32)
     print(f"ceilings: copy {doc['ceilings']['copy']['gb_per_s']:,.0f} GB/s, matmul "
-          f"{doc['ceilings']['matmul']['tflop_per_s']:,.1f} TFLOP/s", flush=True)
+          f"{doc['ceilings']['matmul']['tflop_per_s']:,.1f} TFLOP/s (ridge at {doc['ceilings']['ridge_rows']:,.0f} rows "
+          f"per decode step)", flush=True)
     for shape in a.shapes:
         model, tok = random_model(shape, a.device, a.tiny)
         work = generation_work(model, [len(ids) for ids in tok(prompts)["input_ids"]], a.new_tokens, a.batch)

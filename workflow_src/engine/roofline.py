@@ -65,9 +65,18 @@ def matmul_rate(device: str = "cuda", dtype: torch.dtype = torch.bfloat16, n: in
             "tflop_per_s": 2 * n**3 / med / 1e9}
 
 
+def ridge_rows(measured: dict, element_size: int) -> float:
+    """Rows per decode step at which its weight reads (at the copy rate) and its GEMM arithmetic (at the matrix
+    rate) take equal time, for weights of `element_size` bytes: 2 FLOP per weight and row. Fewer rows: the reads
+    bound the step; more: the arithmetic."""
+    flop_per_byte = measured["matmul"]["tflop_per_s"] * 1e12 / (measured["copy"]["gb_per_s"] * 1e9)
+    return flop_per_byte * element_size / 2
+
+
 def ceilings(device: str, dtype: torch.dtype) -> dict:
-    """The copy bandwidth and the matrix rate in `dtype` on `device`, measured now."""
-    return {"copy": copy_bandwidth(device), "matmul": matmul_rate(device, dtype)}
+    """The copy bandwidth and the matrix rate in `dtype` on `device`, measured now, and their ridge in rows."""
+    measured = {"copy": copy_bandwidth(device), "matmul": matmul_rate(device, dtype)}
+    return {**measured, "ridge_rows": ridge_rows(measured, torch.empty((), dtype=dtype).element_size())}
 
 
 def generation_work(model: torch.nn.Module, prompt_lengths: Sequence[int], max_new_tokens: int, slots: int) -> dict:
@@ -136,7 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     measured = ceilings(a.device, getattr(torch, a.dtype))
     print(f"copy {measured['copy']['gb_per_s']:,.0f} GB/s, {a.dtype} matmul "
-          f"{measured['matmul']['tflop_per_s']:,.1f} TFLOP/s on {a.device}")
+          f"{measured['matmul']['tflop_per_s']:,.1f} TFLOP/s on {a.device}: a decode step of more than "
+          f"{measured['ridge_rows']:,.0f} rows is bound by its arithmetic, not its weight reads")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"format": "speedproof.ceilings/1", "device": a.device, **measured}, f, indent=1)
