@@ -96,11 +96,7 @@ def test_ridge_rows_is_where_a_steps_reads_and_arithmetic_take_equal_time():
     measured = {"copy": {"gb_per_s": 1000.0}, "matmul": {"tflop_per_s": 100.0}}  # 100 FLOP per byte copied
     assert ridge_rows(measured, 2) == pytest.approx(100)  # bf16: a row does 2 FLOP per 2-byte weight
     assert ridge_rows(measured, 4) == pytest.approx(200)  # fp32: 2 FLOP per 4 bytes
-    rows = ridge_rows(measured, 2)  # there the floor's two sides of a wave meet
-    work = {"steps_per_wave": 10, "weight_bytes_per_step": 4e9, "waves": [{"rows": rows, "kv_bytes": 0.0,
-            "decode_flop": 2 * 2e9 * rows * 10}], "decode_steps": 10, "kv_bytes": 0.0, "decode_flop": 2 * 2e9 * rows * 10,
-            "prefill_flop": 0.0, "generated_tokens": 1}
-    got = floor(work, measured)
+    got = floor(_work(ridge_rows(measured, 2)), measured)  # there the floor's two sides of a wave meet
     assert got["decode_flop_s"] == pytest.approx(got["weights_s"])
 
 

@@ -75,7 +75,7 @@ def ridge_rows(measured: dict, element_size: int) -> float:
 def ceilings(device: str, dtype: torch.dtype) -> dict:
     """The copy bandwidth and the matrix rate in `dtype` on `device`, measured now, and their ridge in rows."""
     measured = {"copy": copy_bandwidth(device), "matmul": matmul_rate(device, dtype)}
-    return {**measured, "ridge_rows": ridge_rows(measured, torch.empty((), dtype=dtype).element_size())}
+    return {**measured, "ridge_rows": ridge_rows(measured, dtype.itemsize)}
 
 
 def generation_work(model: torch.nn.Module, prompt_lengths: Sequence[int], max_new_tokens: int, slots: int) -> dict:
