@@ -127,3 +127,34 @@ def test_preset_switch_sets_are_valid_combinations(preset):
     for name, run in cfg.get("bitwise", {}).get("runs", {}).items():
         if run.get("impl") == "optimized":
             parse_switches(run.get("switches", rl_switches))
+
+
+# JSON Schema keywords config/schema.yaml may use; anything else in a schema object is a typo or a YAML slip
+# (an unquoted comma in a flow mapping cuts a description short and turns its tail into a key).
+KEYWORDS = {"$schema", "$id", "$ref", "$defs", "title", "description", "type", "default", "enum", "const",
+            "properties", "additionalProperties", "patternProperties", "required", "items", "minItems", "maxItems",
+            "uniqueItems", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
+            "pattern", "format", "oneOf", "anyOf", "allOf", "not", "if", "then", "else", "propertyNames",
+            "minProperties", "maxProperties", "examples"}
+
+
+def _unknown_keywords(schema, path="$"):
+    if not isinstance(schema, dict):
+        return
+    yield from (f"{path}: {k!r}" for k in schema if k not in KEYWORDS)
+    for key in ("properties", "$defs", "patternProperties"):
+        for name, sub in (schema.get(key) or {}).items():
+            yield from _unknown_keywords(sub, f"{path}.{name}")
+    for key in ("items", "additionalProperties", "not", "if", "then", "else", "propertyNames"):
+        yield from _unknown_keywords(schema.get(key), f"{path}.{key}")
+    for key in ("oneOf", "anyOf", "allOf"):
+        for i, sub in enumerate(schema.get(key) or []):
+            yield from _unknown_keywords(sub, f"{path}.{key}[{i}]")
+
+
+def test_schema_objects_use_only_json_schema_keywords():
+    schema = yaml.safe_load((REPO / "config/schema.yaml").read_text())
+    assert not list(_unknown_keywords(schema))
+    # the check itself: a description with an unquoted comma in a flow mapping is caught
+    slip = yaml.safe_load("a: {type: integer, description: Prompts per batch (changes numerics, so identity).}")
+    assert list(_unknown_keywords({"properties": slip})) == ["$.a: 'so identity).'"]
