@@ -148,8 +148,15 @@ def test_settings_defaults_and_errors():
     more_ks = RandOptSettings.from_dict({"perturb": {"exclude": ["lm_head.*"]}, "ks": [5], "probes": 9})
     assert more_ks.population_sha256 == s.population_sha256 and more_ks.sha256 != s.sha256
     assert RandOptSettings.from_dict({"sigmas": [0.5]}).population_sha256 != s.population_sha256
+    # the test split's batch is not the population's: it leaves the population's identity alone
+    wide_test = RandOptSettings.from_dict({"perturb": {"exclude": ["lm_head.*"]}, "test_batch_size": 256})
+    assert s.test_batch_size is None and wide_test.test_batch_size == 256
+    assert wide_test.population_sha256 == s.population_sha256 and wide_test.sha256 != s.sha256
+    assert RandOptSettings.from_dict({"engine": "vllm", "batch_size": 8, "test_batch_size": 8}).test_batch_size == 8
     for bad, msg in (({"sigmas": []}, "sigmas"), ({"populaton": 3}, "unknown keys"), ({"assignment": "x"}, "assignment"),
-                     ({"bpb": {"chunk": 3}}, "unknown keys"), ({"k_ratios": [1.5]}, "k_ratios")):
+                     ({"bpb": {"chunk": 3}}, "unknown keys"), ({"k_ratios": [1.5]}, "k_ratios"),
+                     ({"test_batch_size": 0}, "test_batch_size"),
+                     ({"engine": "vllm", "batch_size": 8, "test_batch_size": 16}, "test_batch_size")):
         with pytest.raises(SettingsError, match=msg):
             RandOptSettings.from_dict(bad)
 

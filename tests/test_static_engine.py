@@ -62,6 +62,26 @@ def test_repeatable_and_short_budgets(model_and_tokenizer, prompts):
     assert engine.generate([], 5) == []
 
 
+def test_batch_size_per_call(model_and_tokenizer, prompts):
+    """A call's batch_size sets the static engine's slots (its decoder is rebuilt for them) and hf's batches."""
+    model, tok = model_and_tokenizer
+    engine = StaticEngine(model, tok, 5)
+    five = engine.generate(prompts, 20)
+    assert engine._decoder.slots == 5
+    three = engine.generate(prompts, 20, batch_size=3)
+    assert engine._decoder.slots == 3 and three == StaticEngine(model, tok, 3).generate(prompts, 20)
+    assert engine.generate(prompts, 20) == five and engine._decoder.slots == 5
+    with pytest.raises(ValueError, match="batch_size"):
+        engine.generate(prompts, 20, batch_size=0)
+
+    class Sizes(list):
+        def update(self, n):
+            self.append(n)
+    sizes = Sizes()
+    hf = HFEngine(model, tok, 8, progress=sizes)
+    assert len(hf.generate(prompts[:7], 5, batch_size=3)) == 7 and sizes == [3, 3, 1]
+
+
 def test_weights_changed_in_place_are_seen(model_and_tokenizer, prompts):
     model, tok = model_and_tokenizer
     engine = make_engine("static", model, tok, 4)

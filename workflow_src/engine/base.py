@@ -121,7 +121,9 @@ class Engine(Protocol):
     name: str
     meter: ThroughputMeter
 
-    def generate(self, prompts: Sequence[str], max_new_tokens: int) -> list[str]: ...
+    def generate(self, prompts: Sequence[str], max_new_tokens: int, batch_size: int | None = None) -> list[str]:
+        """`batch_size`: prompts at a time for this call (None: the engine's own); it may change the numerics."""
+        ...
 
 
 class EngineNotBuilt(NotImplementedError):

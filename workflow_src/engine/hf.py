@@ -136,15 +136,16 @@ class HFEngine:
         self.meter = meter if meter is not None else ThroughputMeter()
         self.progress = progress
 
-    def generate(self, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
+    def generate(self, prompts: Sequence[str], max_new_tokens: int, batch_size: int | None = None) -> list[str]:
         if max_new_tokens < 1:
             raise ValueError(f"hf engine: max_new_tokens must be >= 1, got {max_new_tokens}")
+        batch_size = self.batch_size if batch_size is None else batch_size
         with contextlib.ExitStack() as stack:
             if not self.meter.active:
                 stack.enter_context(self.meter.phase(DEFAULT_PHASE))
             out: list[str] = []
             for batch, prompt_tokens, generated in _greedy_batches(self.model, self.tokenizer, prompts,
-                                                                     max_new_tokens, self.batch_size):
+                                                                     max_new_tokens, batch_size):
                 out.extend(batch)
                 self.meter.count(prompts=len(batch), prompt_tokens=prompt_tokens, generated_tokens=generated)
                 if self.progress is not None:

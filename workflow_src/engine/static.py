@@ -241,27 +241,33 @@ class StaticEngine:
             return {"decode": "sdpa"}
         return {"decode": "triton:kernels/decode_attention.py", "decode_launch": dataclasses.asdict(self.launch)}
 
-    def _decoder_for(self, capacity: int) -> SlotDecoder:
-        """The decoder (and its captured graph) is kept while the capacity suffices: weights are read in place."""
+    def _decoder_for(self, capacity: int, slots: int) -> SlotDecoder:
+        """The decoder (and its captured graph) is kept while it has these slots and enough capacity: weights
+        are read in place. Another slot count replaces it (one KV cache at a time)."""
         limit = self.model.config.max_position_embeddings
         if capacity > limit:
             raise ValueError(f"static engine: prompt + max_new_tokens needs {capacity} positions; the model has "
                              f"{limit}")
-        if self._decoder is None or self._decoder.capacity < capacity:
-            self._decoder = SlotDecoder(self.model, self.batch_size, capacity, self.graphs, self.span_bucket,
+        if self._decoder is None or self._decoder.capacity < capacity or self._decoder.slots != slots:
+            self._decoder = None  # free the old cache before the new one is allocated
+            self._decoder = SlotDecoder(self.model, slots, capacity, self.graphs, self.span_bucket,
                                         fused=self.fused, packed=self.packed, attention=self.attention,
                                         launch=self.launch)
         return self._decoder
 
-    def generate(self, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
+    def generate(self, prompts: Sequence[str], max_new_tokens: int, batch_size: int | None = None) -> list[str]:
+        """`batch_size`: slots for this call (None: the engine's `batch_size`)."""
         if max_new_tokens < 1:
             raise ValueError(f"static engine: max_new_tokens must be >= 1, got {max_new_tokens}")
+        slots = self.batch_size if batch_size is None else batch_size
+        if slots < 1:
+            raise ValueError(f"static engine: batch_size must be >= 1, got {slots}")
         if not prompts:
             return []
         encoded = self.tokenizer(list(prompts))["input_ids"]
         if any(len(p) == 0 for p in encoded):
             raise ValueError("static engine: a prompt encodes to no tokens")
-        decoder = self._decoder_for(max(len(p) for p in encoded) + max_new_tokens)
+        decoder = self._decoder_for(max(len(p) for p in encoded) + max_new_tokens, slots)
         with contextlib.ExitStack() as stack:
             if not self.meter.active:
                 stack.enter_context(self.meter.phase(DEFAULT_PHASE))

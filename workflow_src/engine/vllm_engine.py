@@ -58,9 +58,12 @@ class VLLMEngine:
                             enable_prefix_caching=False, gpu_memory_utilization=fraction,
                             worker_extension_cls=WORKER_EXTENSION)
 
-    def generate(self, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
+    def generate(self, prompts: Sequence[str], max_new_tokens: int, batch_size: int | None = None) -> list[str]:
         if max_new_tokens < 1:
             raise ValueError(f"vllm engine: max_new_tokens must be >= 1, got {max_new_tokens}")
+        if batch_size not in (None, self.batch_size):
+            raise ValueError(f"vllm engine: batch_size {batch_size} for one call; vLLM fixed its batch "
+                             f"(max_num_seqs) at {self.batch_size} when it loaded")
         params = self._vllm.SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
         with contextlib.ExitStack() as stack:
             if not self.meter.active:

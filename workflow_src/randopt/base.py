@@ -3,8 +3,9 @@
     python -m workflow_src.randopt.base --checkpoint DIR --randopt-section R.json --task-section T.json \\
         [--environment ENV.json] [--checkpoint-manifest M.json] --out-json base.json --out-test base_test.parquet
 
-Greedy generation with the configured engine on the first randopt.train_prompts train problems and
-the first randopt.test_prompts test problems, unperturbed weights (no perturber is even built).
+Greedy generation with the configured engine on the first randopt.train_prompts train problems
+(randopt.batch_size at a time, as the population) and the first randopt.test_prompts test problems
+(randopt.test_batch_size, as the top-K answers and probes), unperturbed weights (no perturber is even built).
 base.json: model, task, train {reward_mean, correct, prompts}, test {accuracy, correct, prompts},
 throughput per phase (load, base_train, base_test), provenance. base_test.parquet: one row per test
 problem: index, problem_id, extracted (null when no answer), correct (0/1).
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         with rt.meter.phase("base_train"):
             train_out = rt.engine.generate([p.prompt for p in train], s.max_new_tokens)
         with rt.meter.phase("base_test"):
-            test_out = rt.engine.generate([p.prompt for p in test], s.max_new_tokens)
+            test_out = rt.engine.generate([p.prompt for p in test], s.max_new_tokens, s.test_batch_size)
     finally:
         bar.close()
     train_grades = [task.grade(c, p.answer) for c, p in zip(train_out, train, strict=True)]

@@ -25,6 +25,7 @@ DEFAULTS: dict[str, Any] = {
     "test_prompts": None,           # first n test problems (None: the whole test split)
     "max_new_tokens": 32,
     "batch_size": 64,               # prompts per generate call batch
+    "test_batch_size": None,        # the same for the test split's generations (None: batch_size)
     "engine": "hf",                 # hf | static | vllm (vllm: in its own environment, `make vllm-env`)
     "vllm_memory_fraction": None,   # vllm: share of GPU (on the CPU: host) memory it takes; null: 0.5 / 0.1
     "device": "auto",               # auto | cpu | cuda
@@ -84,6 +85,7 @@ class RandOptSettings:
         _int(s["threads"], "threads", 1)
         _int(s["train_prompts"], "train_prompts", 1, nullable=True)
         _int(s["test_prompts"], "test_prompts", 1, nullable=True)
+        _int(s["test_batch_size"], "test_batch_size", 1, nullable=True)
         sig = s["sigmas"]
         if not isinstance(sig, list) or not sig or any(
                 isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0 for x in sig):
@@ -103,6 +105,9 @@ class RandOptSettings:
             raise SettingsError(f"randopt.k_ratios: {s['k_ratios']!r}; must be a list of numbers in (0, 1]")
         if not s["ks"] and not s["k_ratios"]:
             raise SettingsError("randopt: ks and k_ratios are both empty; the K sweep needs at least one K")
+        if s["engine"] == "vllm" and s["test_batch_size"] not in (None, s["batch_size"]):
+            raise SettingsError(f"randopt.test_batch_size: {s['test_batch_size']}; the vllm engine fixes its batch "
+                                f"when it loads, so it must be null or equal batch_size ({s['batch_size']})")
         frac = s["vllm_memory_fraction"]
         if frac is not None and (isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1):
             raise SettingsError(f"randopt.vllm_memory_fraction: {frac!r}; must be a number in (0, 1] or null")
