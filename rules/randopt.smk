@@ -33,7 +33,7 @@ rule randopt_base:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        f"python -m workflow_src.randopt.base {RANDOPT_MODEL_ARGS}"
+        f"{RANDOPT_PYTHON} -m workflow_src.randopt.base {RANDOPT_MODEL_ARGS}"
         " --out-json {output.json} --out-test {output.test} 2> {log}"
 
 
@@ -57,8 +57,8 @@ rule randopt_population:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        f"python -m workflow_src.randopt.population --shard {{params.shard}} --shards {{params.shards}} {RANDOPT_MODEL_ARGS}"
-        " --out {output} 2> {log}"
+        f"{RANDOPT_PYTHON} -m workflow_src.randopt.population --shard {{params.shard}} --shards {{params.shards}}"
+        f" {RANDOPT_MODEL_ARGS} --out {{output}} 2> {{log}}"
 
 
 rule randopt_gather:
@@ -93,8 +93,8 @@ rule randopt_topk_answers:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        f"python -m workflow_src.randopt.topk_answers --population {{input.population}} {RANDOPT_MODEL_ARGS}"
-        " --out {output} 2> {log}"
+        f"{RANDOPT_PYTHON} -m workflow_src.randopt.topk_answers --population {{input.population}}"
+        f" {RANDOPT_MODEL_ARGS} --out {{output}} 2> {{log}}"
 
 
 rule randopt_select_vote:
@@ -151,7 +151,7 @@ rule randopt_probes:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        f"python -m workflow_src.randopt.probes --population {{input.population}} --heldout {{input.heldout}}"
+        f"{RANDOPT_PYTHON} -m workflow_src.randopt.probes --population {{input.population}} --heldout {{input.heldout}}"
         f" {RANDOPT_MODEL_ARGS} --out {{output}} 2> {{log}}"
 
 

@@ -228,7 +228,8 @@ def _experiment(tmp: Path, base_right: int = 5, name: str = "exp") -> dict[str, 
             "train": {"reward_mean": 0.6, "correct": 5, "prompts": 8},
             "test": {"accuracy": acc, "correct": int(base_df["correct"].sum()), "prompts": len(test)},
             "throughput": THROUGHPUT["base"], "provenance": {},
-            "model_info": {"engine": "static", "attention": {"backend": "sdpa", "flash_attn_importable": False}}}
+            "model_info": {"engine": "static", "attention": {"backend": "sdpa", "flash_attn_importable": False},
+                           "versions": {"torch": "2.13.0+cpu", "transformers": "5.19.0"}}}
     (d / "base.json").write_text(json.dumps(base))
     pd.DataFrame({"rank": [0, 1], "position": [5, 1], "seed": [1005, 1001], "sigma": [0.002, 0.001],
                   "train_reward": [0.875, 0.75], "test_accuracy": [0.5, 0.25], "test_correct": [6, 3],
@@ -343,7 +344,8 @@ def test_record_fields_come_from_the_artifacts(run):
     assert [(t["seed"], t["sigma"]) for t in rec["top_k"]] == [
         (int(r.seed), float(r.sigma)) for r in rank_population(pop).iloc[:4].itertuples()]
     assert rec["hardware"]["summary"] == "2×NVIDIA H200" and rec["model"]["name"] == "tiny-arith"
-    assert rec["generation"] == {"engine": "static", "attention": base["model_info"]["attention"]}
+    assert rec["generation"] == {"engine": "static", "attention": base["model_info"]["attention"],
+                                 "versions": base["model_info"]["versions"]}
     assert rec["model"]["checkpoint_manifest_sha256"] == rec["provenance"]["checkpoint_manifest_sha256"]
     assert rec["provenance"]["environment_sha256"] == "e" * 64
     if rec["accuracy"]["headline"]["within_noise"]:

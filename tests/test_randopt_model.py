@@ -399,6 +399,9 @@ def test_cli_end_to_end(checkpoint, tmp_path, capsys):
     assert base["model_info"]["attention"] == {"backend": "sdpa",  # recorded, never assumed
                                                "flash_attn_importable": importlib.util.find_spec("flash_attn") is not None}
     assert base["throughput"]["base_train"]["prompts"] == 8 and base["throughput"]["base_train"]["generated_tokens"] > 0
+    import torch
+    import transformers
+    assert base["model_info"]["versions"] == {"torch": torch.__version__, "transformers": transformers.__version__}
     bt = pd.read_parquet(tmp_path / "base_test.parquet")
     assert list(bt.columns) == ["index", "problem_id", "extracted", "correct"] and bt["correct"].dtype == np.int8
     assert bt["correct"].sum() == base["test"]["correct"] and bt["index"].tolist() == list(range(6))

@@ -1,5 +1,6 @@
 """Real snakemake runs of the workflow on a tiny config in a temporary directory."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -97,6 +98,34 @@ def test_randopt_preset_plans_the_randopt_evidence_only(tmp_path, preset, task, 
     assert f"--source {source}" in proc.stdout
     assert (source == "hf") == ("a09a35458c702b33eeacc393d103063234e8bc28" in proc.stdout)
     assert f'"engine": "static"' in proc.stdout and f"task.{task}" in proc.stdout
+
+
+def test_vllm_overlay_plans_generation_in_the_vllm_environment(tmp_path):
+    """The vllm overlay on the GSM8K preset plans the RandOpt evidence with the generating jobs run by vLLM's own
+    interpreter and the rest by the workflow's (a plan: no vLLM, Hub or GPU here); without that interpreter
+    the plan still forms and says how to build it."""
+    presets = REPO / "config" / "presets"
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+           "randopt_evidence", "--configfile", str(presets / "randopt-qwen2.5-7b-gsm8k.yaml"),
+           str(presets / "randopt-vllm-gpu.yaml"), "-n", "--cores", "2"]
+    vllm_python = tmp_path / "bin with space" / "python"  # stands for a Python with vLLM; quoted in commands
+    vllm_python.parent.mkdir()
+    vllm_python.write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "SPEEDPROOF_VLLM_PYTHON"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env={**env, "SPEEDPROOF_VLLM_PYTHON": str(vllm_python)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for stage in ("base", "population", "topk_answers", "probes"):
+        assert f"'{vllm_python}' -m workflow_src.randopt.{stage} " in proc.stdout, stage
+    for stage in ("gather", "vote", "bpb", "record"):
+        assert f"python -m workflow_src.randopt.{stage} " in proc.stdout, stage
+    assert '"engine": "vllm"' in proc.stdout and '"test_batch_size": null' in proc.stdout
+    assert "does not exist" not in proc.stderr
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    default = REPO / ".venv-vllm" / "bin" / "python"
+    assert f"{default} -m workflow_src.randopt.population " in proc.stdout
+    assert ("make vllm-gpu-env" in proc.stderr) != default.exists()
 
 
 # The full run, the config change and the report share one snakemake run of TINY per session

@@ -229,7 +229,8 @@ def build_record(experiment: str, base: Mapping[str, Any], population: pd.DataFr
                   "checkpoint_files_sha256": (checkpoint_manifest or {}).get("files_sha256")},
         "task": base.get("task") or vote.get("task"),
         "generation": {"engine": (base.get("model_info") or {}).get("engine"),
-                       "attention": (base.get("model_info") or {}).get("attention")},
+                       "attention": (base.get("model_info") or {}).get("attention"),
+                       "versions": (base.get("model_info") or {}).get("versions")},
         "hardware": hardware(environment),
         "environment_sha256": prov.get("environment_sha256"),
         "population": {

@@ -155,12 +155,19 @@ class Runtime:
 
     def model_info(self) -> dict[str, Any]:
         import torch
+        import transformers
         from ..engine.attention import attention_backend
+        # The generating jobs may run in another environment than the workflow's (vllm's own), whose
+        # packages results/env/environment.json does not describe: each artifact names its own.
+        versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+        if self.cfg.settings.engine == "vllm":
+            import vllm
+            versions["vllm"] = vllm.__version__
         info = {"name": self.cfg.model_name(), "device": self.device,
                 "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
                 "parameters": sum(p.numel() for p in self.model.parameters()),
                 "engine": self.cfg.settings.engine, "attention": attention_backend(self.engine),
-                "threads": torch.get_num_threads()}
+                "versions": versions, "threads": torch.get_num_threads()}
         if self.perturber is not None:
             info["perturbed"] = self.perturber.describe()
         return info
