@@ -13,6 +13,7 @@ import pytest
 
 from conftest import REPO, write_section
 from test_randopt_model import CKPT, RANDOPT, TASK, _cli, _run_all
+from workflow_src.randopt.runtime import read_meta
 
 VLLM_PYTHON = Path(os.environ.get("SPEEDPROOF_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
 pytestmark = pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=f"no vllm environment at {VLLM_PYTHON} "
@@ -89,6 +90,8 @@ def test_population_with_vllm_equals_hf(checkpoint, tmp_path):
                    section, "--task-section", task, "--no-progress", "--out", out)
         _run_all([[python, *cmd[1:]]])
         tables[engine] = pd.read_parquet(out)
+        versions = read_meta(out)["model"]["versions"]  # each artifact names the packages that generated it
+        assert set(versions) == ({"torch", "transformers", "vllm"} if engine == "vllm" else {"torch", "transformers"})
     assert len(tables["hf"]) == RANDOPT["population"]
     assert tables["hf"]["generated_tokens"].nunique() > 1  # the perturbations change the answers
     timing = ["seconds"]  # the only column that is not a function of seeds, weights and prompts

@@ -160,9 +160,8 @@ class Runtime:
         # The generating jobs may run in another environment than the workflow's (vllm's own), whose
         # packages results/env/environment.json does not describe: each artifact names its own.
         versions = {"torch": torch.__version__, "transformers": transformers.__version__}
-        if self.cfg.settings.engine == "vllm":
-            import vllm
-            versions["vllm"] = vllm.__version__
+        if getattr(self.engine, "name", None) == "vllm":  # bpb builds no engine: it runs in the workflow's env
+            versions["vllm"] = self.engine._vllm.__version__
         info = {"name": self.cfg.model_name(), "device": self.device,
                 "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
                 "parameters": sum(p.numel() for p in self.model.parameters()),
