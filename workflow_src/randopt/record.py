@@ -228,9 +228,7 @@ def build_record(experiment: str, base: Mapping[str, Any], population: pd.DataFr
                   "checkpoint_source": (checkpoint_manifest or {}).get("source"),
                   "checkpoint_files_sha256": (checkpoint_manifest or {}).get("files_sha256")},
         "task": base.get("task") or vote.get("task"),
-        "generation": {"engine": (base.get("model_info") or {}).get("engine"),
-                       "attention": (base.get("model_info") or {}).get("attention"),
-                       "versions": (base.get("model_info") or {}).get("versions")},
+        "generation": {k: (base.get("model_info") or {}).get(k) for k in ("engine", "attention", "versions")},
         "hardware": hardware(environment),
         "environment_sha256": prov.get("environment_sha256"),
         "population": {
