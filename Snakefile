@@ -3,6 +3,7 @@
 import os
 import sys
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
@@ -11,7 +12,21 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
+# The rules' helpers import the package from this checkout (jobs get it through PYTHONPATH, below).
+sys.path.insert(0, workflow.basedir)
+import yaml
+from workflow_src.config_checks import ConfigError, check_config, schema_problems
+
+with open(os.path.join(workflow.basedir, "config/schema.yaml")) as _f:
+    _schema = yaml.safe_load(_f)
+_problems = schema_problems(config, _schema)
+if _problems:
+    raise WorkflowError(str(ConfigError(_problems)) + "\n(config/README.md lists every key)")
 validate(config, "config/schema.yaml", set_default=True)
+try:
+    check_config(config, _schema)  # cross-field checks, before any job
+except ConfigError as e:
+    raise WorkflowError(str(e)) from None
 
 # Jobs run `python -m workflow_src...` from this checkout, with the interpreter that runs
 # Snakemake unless rules run in conda environments (--sdm conda), which bring their own.
@@ -42,6 +57,15 @@ include: "rules/bitwise.smk"
 include: "rules/operators.smk"
 include: "rules/randopt.smk"
 include: "rules/manifest.smk"
+
+
+# Config values become path components (experiment, checkpoint, comparison and run names): the schema allows
+# plain names only, and no output may resolve outside results/ whatever a name holds.
+_results = os.path.realpath("results")
+for _out in sorted(set(final_outputs() + rl_evidence_outputs() + randopt_evidence_outputs())):
+    if not os.path.realpath(_out).startswith(_results + os.sep):
+        raise WorkflowError(f"output {_out} resolves to {os.path.realpath(_out)}, outside results/: a config value "
+                            "that names a path component must be a plain name")
 
 
 rule all:

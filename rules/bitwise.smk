@@ -1,39 +1,30 @@
 # Deterministic runs of each configured implementation, then bit-for-bit comparisons with the reference.
 rule deterministic_run:
     input:
-        checkpoint=f"results/checkpoints/{MODEL}",
-        rl=section_file("rl"),
-        task=section_file("task.synthetic_arithmetic"),
-        run=lambda w: section_file(f"bitwise.runs.{w.run}"),
-        steps=section_file("bitwise.steps"),
-        reward=section_file("reward"),
-        reward_environment="results/env/reward_environment.json",
+        unpack(bitwise_run_inputs),
     output:
         directory("results/bitwise/{exp}/{run}"),
     wildcard_constraints:
         run=r"[A-Za-z0-9_]+",
     params:
         command=bitwise_command,
+        steps=lambda w: bitwise_config()["steps"],
     log:
         "results/logs/bitwise/{exp}/{run}.log",
     threads: workflow.cores
     resources:
         gpu=1,
-        nodes=lambda w: config["rl"]["nnodes"],
+        nodes=bitwise_run_nodes,
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "rm -rf {output}.staging && {params.command} --out {output}.staging > {log} 2>&1"
-        " && mv {output}.staging {output}"
+        "python -m workflow_src.protocol.deterministic_run --run {wildcards.run} --command {params.command:q}"
+        " --steps {params.steps} --out {output} > {log} 2>&1"
 
 
 rule bitwise_compare:
     input:
-        reference=lambda w: f"results/bitwise/{w.exp}/{bitwise_config()['reference']}",
-        candidate="results/bitwise/{exp}/{run}",
-        sections=lambda w: [section_file("rl"), section_file(f"bitwise.runs.{w.run}"), section_file("bitwise.steps")],
-        environment="results/env/environment.json",
-        checkpoint=f"results/checkpoints/{MODEL}",
+        unpack(bitwise_compare_inputs),
     output:
         json="results/bitwise/{exp}/compare/{run}.json",
         csv="results/bitwise/{exp}/compare/{run}.csv",
@@ -45,6 +36,7 @@ rule bitwise_compare:
         ),
     params:
         expect=lambda w: bitwise_runs()[w.run].get("expect", "pass"),
+        flags=bitwise_compare_flags,
     log:
         "results/logs/bitwise/{exp}/compare_{run}.log",
     conda:
@@ -53,7 +45,7 @@ rule bitwise_compare:
         "python -m workflow_src.protocol.bitwise --reference {input.reference} --candidate {input.candidate}"
         " --label {wildcards.run} --expect {params.expect} --out-json {output.json} --out-csv {output.csv}"
         " --out-html {output.html} --config-sections {input.sections} --environment {input.environment}"
-        " --checkpoint-manifest {input.checkpoint}/MANIFEST.json 2> {log}"
+        " {params.flags} 2> {log}"
 
 
 rule bitwise_summary:
@@ -68,10 +60,12 @@ rule bitwise_summary:
             category="Bitwise comparison",
             labels={"candidate": "all", "figure": "summary"},
         ),
+    params:
+        subjects=bitwise_summary_subjects,
     log:
         "results/logs/bitwise/{exp}/summary.log",
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.protocol.bitwise_summary --comparisons {input}"
+        "python -m workflow_src.protocol.bitwise_summary --comparisons {input} --subjects {params.subjects}"
         " --out-json {output.json} --out-csv {output.csv} --out-html {output.html} 2> {log}"

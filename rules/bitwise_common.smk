@@ -16,18 +16,91 @@ def bitwise_candidates():
     return [name for name in sorted(bitwise_runs()) if name != ref]
 
 
+def bitwise_subject(name):
+    return bitwise_runs()[name].get("subject", "rl")
+
+
+def bitwise_command_from_speedup(name):
+    """True for an external run without a command of its own: it runs speedup.external's command of its side."""
+    run = bitwise_runs()[name]
+    return bitwise_subject(name) == "external" and not run.get("command")
+
+
+def bitwise_external_command(name):
+    """An external run's shell command: its own, else speedup.external.baseline or .optimized after its impl."""
+    run = bitwise_runs()[name]
+    if run.get("command"):
+        return run["command"]
+    side = run["impl"]
+    command = speedup_config()["external"].get(side)
+    if not command:  # config_checks.bitwise_problems stops this before any job; kept for direct callers
+        raise ValueError(f"bitwise.runs.{name}: an external run needs bitwise.runs.{name}.command or "
+                         f"speedup.external.{side}")
+    return command
+
+
+def bitwise_sections(name):
+    """The config sections a run's records depend on (provenance and rerun on change)."""
+    sections = [section_file(f"bitwise.runs.{name}"), section_file("bitwise.steps")]
+    if bitwise_subject(name) == "rl":
+        return [section_file("rl")] + sections
+    if bitwise_command_from_speedup(name):
+        sections.append(section_file("speedup.external"))
+    return sections
+
+
+def bitwise_run_inputs(wildcards):
+    name = wildcards.run
+    if bitwise_subject(name) == "external":
+        # An external subject brings its own model and data: no checkpoint and no reward service here.
+        return {"sections": bitwise_sections(name), "environment": "results/env/environment.json"}
+    return {"checkpoint": f"results/checkpoints/{MODEL}", "rl": section_file("rl"),
+            "task": section_file("task.synthetic_arithmetic"), "run": section_file(f"bitwise.runs.{name}"),
+            "steps": section_file("bitwise.steps"), "reward": section_file("reward"),
+            "reward_environment": "results/env/reward_environment.json"}
+
+
 def bitwise_command(wildcards, input):
-    run = bitwise_runs()[wildcards.run]
-    impl = run.get("impl", "optimized")
-    launcher = rl_launcher()
-    record = f"results/bitwise/{wildcards.exp}/{wildcards.run}.staging/reward_service.json"
-    parts = [reward_serve_prefix(reward_service_name(), record), launcher, "-m", "workflow_src.rl", "--impl", impl, "--checkpoint", input.checkpoint,
-             "--rl-section", input.rl, "--task-section", input.task, "--reward-section", input.reward, "--steps", str(bitwise_config()["steps"]),
-             "--deterministic", "--records", "--checkpoint-manifest", f"{input.checkpoint}/MANIFEST.json"]
+    """The run's command; the deterministic_run CLI appends --deterministic --steps N --out <staging dir>."""
+    name = wildcards.run
+    run = bitwise_runs()[name]
     switches = run.get("switches")
+    if bitwise_subject(name) == "external":
+        tail = " --switches " + " ".join(shlex.quote(s) for s in switches) if switches else ""
+        return bitwise_external_command(name) + tail
+    impl = run.get("impl", "optimized")
+    record = '"$SPEEDPROOF_OUT/reward_service.json"'
+    parts = [reward_serve_prefix(reward_service_name(), record), rl_launcher(), "-m", "workflow_src.rl",
+             "--impl", impl, "--checkpoint", input.checkpoint, "--rl-section", input.rl, "--task-section", input.task,
+             "--reward-section", input.reward, "--records", "--checkpoint-manifest", f"{input.checkpoint}/MANIFEST.json"]
     if impl == "optimized" and switches is not None:
         parts += ["--switches", ",".join(switches) or "none"]
     return " ".join(shlex.quote(p) if " " not in p else p for p in parts)
+
+
+def bitwise_run_nodes(wildcards):
+    """SLURM nodes of one run: rl.nnodes for the RL subject (an external command runs on one)."""
+    return config["rl"]["nnodes"] if bitwise_subject(wildcards.run) == "rl" else 1
+
+
+def bitwise_compare_inputs(wildcards):
+    inputs = {"reference": f"results/bitwise/{wildcards.exp}/{bitwise_config()['reference']}",
+              "candidate": f"results/bitwise/{wildcards.exp}/{wildcards.run}",
+              "sections": bitwise_sections(wildcards.run), "environment": "results/env/environment.json"}
+    if bitwise_subject(wildcards.run) == "rl":
+        inputs["checkpoint"] = f"results/checkpoints/{MODEL}"
+    return inputs
+
+
+def bitwise_compare_flags(wildcards, input):
+    if "checkpoint" in input.keys():
+        return f"--checkpoint-manifest {shlex.quote(f'{input.checkpoint}/MANIFEST.json')}"
+    return ""
+
+
+def bitwise_summary_subjects(wildcards):
+    """RUN=SUBJECT for every compared run: the summary requires a detected negative control per subject."""
+    return " ".join(shlex.quote(f"{name}={bitwise_subject(name)}") for name in bitwise_candidates())
 
 
 def bitwise_outputs():

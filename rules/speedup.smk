@@ -1,13 +1,14 @@
-# Paired speedup (DESIGN §5): launches A (baseline) → opt (optimized) → B (baseline), then the table.
-# Helpers live in rules/speedup_common.smk. Each launch takes the whole machine: all cores and the single
-# `gpu` token the profile declares, so nothing else is scheduled beside a timed launch.
+# Paired speedup (DESIGN §5): launches A (baseline) → opt (optimized) → B (baseline), speedup.repeats triples
+# of them one after the other, then the table. Helpers live in rules/speedup_common.smk. Each launch takes the
+# whole machine: all cores and the single `gpu` token the profile declares, so nothing else is scheduled beside a
+# timed launch.
 rule speedup_launch:
     input:
         unpack(speedup_launch_inputs),
     output:
         directory("results/speedup/{exp}/{launch}"),
     wildcard_constraints:
-        launch="A|opt|B",
+        launch="A",
     params:
         command=lambda w: speedup_command(w.exp, w.launch),
         steps=lambda w: speedup_steps(),
@@ -21,9 +22,17 @@ rule speedup_launch:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.protocol.launch --launch {wildcards.launch} --steps {params.steps}"
+        "python -m workflow_src.protocol.launch {params.flags} --steps {params.steps}"
         " --command {params.command:q} --out-dir {output} --environment {input.environment}"
-        " --config-sections {input.sections} {params.flags} > {log} 2>&1"
+        " --config-sections {input.sections} > {log} 2>&1"
+
+
+# Every launch after a comparison's first: the higher priority makes the scheduler start it as soon as its
+# predecessor ends, before any other ready job, so a triple's launches stay close together (speedup.max_gap_s).
+use rule speedup_launch as speedup_next_launch with:
+    wildcard_constraints:
+        launch=r"(opt|B)([2-9]|[1-9][0-9]+)?|A([2-9]|[1-9][0-9]+)",
+    priority: 50
 
 
 rule paired_speedup:
@@ -54,9 +63,10 @@ rule paired_speedup:
             labels={"comparison": "{exp}", "figure": "step-time trace"},
         ),
     params:
-        warmup=lambda w: speedup_config().get("warmup", 10),
-        windows=lambda w: speedup_config().get("windows", 3),
-        window_steps=lambda w: speedup_config().get("window_steps", 2),
+        warmup=lambda w: speedup_config()["warmup"],
+        windows=lambda w: speedup_config()["windows"],
+        window_steps=lambda w: speedup_config()["window_steps"],
+        launches=speedup_paired_launch_args,
         flags=speedup_paired_flags,
     log:
         "results/logs/speedup/{exp}/paired.log",
@@ -64,7 +74,7 @@ rule paired_speedup:
         "../envs/speedproof.yaml"
     shell:
         "python -m workflow_src.protocol.paired --exp {wildcards.exp}"
-        " --A {input.A} --opt {input.opt} --B {input.B}"
+        " {params.launches}"
         " --warmup {params.warmup} --windows {params.windows} --window-steps {params.window_steps}"
         " --out-json {output.json} --out-csv {output.csv} --out-html {output.html}"
         " --out-bars {output.bars} --out-trace {output.trace}"

@@ -53,9 +53,14 @@ def rl_subject_checkpoint(tmp_path_factory) -> Path:
     tests/test_synthetic_checkpoint.py's concern). test_rl_subject, test_reward_wiring and test_static_engine
     only read it."""
     from test_rl_subject import CKPT, TASK
-    from workflow_src.checkpoints.synthetic import build
-    out = tmp_path_factory.mktemp("rl_subject_ckpt")
-    build(CKPT, TASK, out, progress=False)
+    return synthetic_checkpoint(CKPT, TASK, tmp_path_factory.mktemp("rl_subject_ckpt") / "ckpt")
+
+
+def synthetic_checkpoint(spec: dict, task: dict, out: Path) -> Path:
+    """A synthetic checkpoint built as the checkpoint rule builds it, MANIFEST.json included (every loader
+    verifies the files against it)."""
+    from workflow_src.checkpoints.__main__ import build_checkpoint
+    build_checkpoint(out.name, "synthetic", spec, task, out, progress=False)
     return out
 
 

@@ -339,14 +339,101 @@ def test_cli_refusal_writes_nothing_even_for_a_control(runs):
         assert not (tmp / "out").exists()
 
 
-def test_speedup_headline_counts_only_bit_exact_switches(tmp_path):
-    from workflow_src.protocol.paired import bitwise_verdict
-    p = tmp_path / "cmp.json"
-    p.write_text(json.dumps({"label": "optimized", "pass": True, "first_divergence": None,
-                             "candidate": {"switches": ["b", "a"]}}))
-    assert bitwise_verdict(p, ["a", "b"])["pass"] is True
-    assert bitwise_verdict(p, ["a"])["pass"] is False  # another switch set was checked
-    p.write_text(json.dumps({"label": "optimized", "pass": False, "first_divergence": {"step": 3},
-                             "candidate": {"switches": ["a"]}}))
-    assert bitwise_verdict(p, ["a"])["pass"] is False
-    assert bitwise_verdict(None, ["a"]) is None
+# ------------------------------------------------------------------------------------- summary and controls
+
+@pytest.fixture
+def compared(runs):
+    """Real compare/{run}.json files against one reference: a bit-equal candidate, a detected control and a
+    control that was not detected (the CLI exits non-zero for it but still writes its outputs)."""
+    ref, cand, tmp = runs
+    same = write_run(tmp / "optimized", copy.deepcopy(cand))
+    changed = copy.deepcopy(cand)
+    changed[0][1 + 4]["items"]["loss"] = flip_hex_digit(changed[0][1 + 4]["items"]["loss"])
+    out = tmp / "compare"
+    paths = {}
+    for label, cand_dir, expect in (("optimized", same, "pass"),
+                                    ("control", write_run(tmp / "control", changed), "fail"),
+                                    ("missed", write_run(tmp / "missed", copy.deepcopy(cand)), "fail")):
+        args = ["--reference", str(ref), "--candidate", str(cand_dir), "--label", label, "--expect", expect,
+                "--out-json", str(out / f"{label}.json"), "--out-csv", str(out / f"{label}.csv"),
+                "--out-html", str(out / f"{label}.html")]
+        proc = run_module("workflow_src.protocol.bitwise", *args, check=False)
+        assert proc.returncode == (1 if label == "missed" else 0), proc.stderr
+        paths[label] = out / f"{label}.json"
+    return paths
+
+
+def test_a_pass_counts_only_with_a_detected_control_of_its_subject(compared):
+    from workflow_src.protocol.bitwise_summary import summarize
+    doc = summarize([compared["optimized"], compared["control"]], {"optimized": "external", "control": "external"})
+    rows = {r["candidate"]: r for r in doc["comparisons"]}
+    assert rows["optimized"]["counts"] is True and rows["control"]["counts"] is False  # a control never counts
+    assert rows["optimized"]["subject"] == "external"
+    assert doc["controls"] == {"external": {"runs": ["control"], "detected": True}} and doc["warnings"] == []
+
+    alone = summarize([compared["optimized"]], {"optimized": "external"})
+    assert alone["comparisons"][0]["pass"] is True and alone["comparisons"][0]["counts"] is False
+    assert alone["controls"] == {"external": {"runs": [], "detected": False}}
+    assert alone["warnings"] == ["no negative control (expect: fail) for subject external: no comparison of "
+                                 "subject external counts as passing"]
+
+    missed = summarize([compared["optimized"], compared["control"], compared["missed"]])  # subjects default to rl
+    assert missed["controls"] == {"rl": {"runs": ["control", "missed"], "detected": False}}
+    assert not any(r["counts"] for r in missed["comparisons"])
+    assert len(missed["warnings"]) == 1 and "missed of subject rl were not detected" in missed["warnings"][0]
+
+    # another subject's control proves nothing about this one
+    other = summarize([compared["optimized"], compared["control"]], {"optimized": "external"})
+    assert {r["candidate"]: r["counts"] for r in other["comparisons"]} == {"optimized": False, "control": False}
+    assert other["controls"]["rl"]["detected"] is True and other["controls"]["external"]["runs"] == []
+    with pytest.raises(ValueError, match=r"names run\(s\) \['optimised'\]"):
+        summarize([compared["optimized"]], {"optimised": "external"})
+
+
+def test_summary_cli_shows_counts_controls_and_warnings(compared, tmp_path):
+    out = tmp_path / "summary"
+    proc = run_module("workflow_src.protocol.bitwise_summary", "--comparisons", str(compared["optimized"]),
+                      "--subjects", "optimized=external", "--out-json", str(out / "comparison.json"),
+                      "--out-csv", str(out / "comparison.csv"), "--out-html", str(out / "summary.html"))
+    warning = "no negative control (expect: fail) for subject external: no comparison of subject external counts"
+    assert warning in proc.stderr
+    page = (out / "summary.html").read_text()
+    assert warning in page and "subject external: none configured" in page
+    assert "<th>counts</th>" in page and "<td>external</td>" in page
+    rows = list(csv.DictReader((out / "comparison.csv").open()))
+    assert (rows[0]["candidate"], rows[0]["pass"], rows[0]["counts"]) == ("optimized", "pass", "no")
+    proc = run_module("workflow_src.protocol.bitwise_summary", "--comparisons", str(compared["optimized"]),
+                      str(compared["control"]), "--out-json", str(out / "2.json"), "--out-csv", str(out / "2.csv"),
+                      "--out-html", str(out / "2.html"))
+    assert "WARNING" not in proc.stderr and "control — detected" in (out / "2.html").read_text()
+    assert json.loads((out / "2.json").read_text())["comparisons"][1]["counts"] is True
+
+
+def test_speedup_headline_counts_only_bit_exact_switches_with_a_detected_control(compared, tmp_path):
+    from workflow_src.protocol.bitwise_summary import summarize
+    from workflow_src.protocol.paired import PairedError, bitwise_verdict
+
+    def summary(*labels, **subjects):
+        path = tmp_path / f"summary_{'_'.join(labels)}.json"
+        path.write_text(json.dumps(summarize([compared[x] for x in labels], subjects)))
+        return path
+
+    opt = compared["optimized"]  # candidate switches: ["lean_decode"]
+    with_control = summary("optimized", "control", optimized="external", control="external")
+    v = bitwise_verdict(opt, ["lean_decode"], with_control)
+    assert (v["pass"], v["counts"], v["bit_identical"], v["subject"]) == (True, True, True, "external")
+    assert v["reason"] is None
+    assert v["control"] == {"runs": ["control"], "detected": True} and v["run"] == "optimized"
+    v = bitwise_verdict(opt, ["lean_decode", "fused_rmsnorm"], with_control)  # another switch set was checked
+    assert v["counts"] is False and "checked switches ['lean_decode']" in v["reason"]
+    v = bitwise_verdict(opt, ["lean_decode"], summary("optimized", optimized="external"))
+    assert (v["pass"], v["counts"], v["bit_identical"]) == (False, False, True)
+    assert v["reason"] == "no negative control (expect: fail) of subject external was configured"
+    v = bitwise_verdict(opt, ["lean_decode"], summary("optimized", "control", "missed"))
+    assert v["counts"] is False and "control(s) control, missed of subject rl were not detected" in v["reason"]
+    assert bitwise_verdict(opt, ["lean_decode"])["counts"] is False  # no summary: no control is known
+    ctl = bitwise_verdict(compared["control"], ["lean_decode"], with_control)
+    assert ctl["counts"] is False and ctl["reason"].startswith("not bit-identical: control detected")
+    with pytest.raises(PairedError, match="has no row for the bitwise run 'missed'"):
+        bitwise_verdict(compared["missed"], ["lean_decode"], with_control)
+    assert bitwise_verdict(None, ["a"], with_control) is None

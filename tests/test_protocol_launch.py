@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from conftest import REPO, run_module
+from workflow_src.protocol import launch_name, parse_launch_name
 from workflow_src.protocol.steplog import (StepLogError, parse_external_log, parse_jsonl, read_steps,
                                            validate_records)
 
@@ -24,8 +25,11 @@ def subject(step_seconds: float, *extra: str, steps: int = STEPS) -> str:
 
 
 def launch(root: Path, name: str, command: str, *args: str, steps: int = STEPS):
-    return run_module("workflow_src.protocol.launch", "--launch", name, "--command", command, "--steps",
-                      str(steps), "--out-dir", str(root / name), *args, check=False)
+    """Launch `name` (A, opt, B, A2, ...) into root/name; production mode unless args name one."""
+    role, repeat = parse_launch_name(name)
+    mode = () if "--mode" in args else ("--mode", "production")
+    return run_module("workflow_src.protocol.launch", "--launch", role, "--repeat", str(repeat), *mode,
+                      "--command", command, "--steps", str(steps), "--out-dir", str(root / name), *args, check=False)
 
 
 def ok(proc):
@@ -33,11 +37,12 @@ def ok(proc):
     return proc
 
 
-def paired(root: Path, *extra: str, check: bool = False):
+def paired(root: Path, *extra: str, check: bool = False, repeats: int = 1):
     outs = {k: root / v for k, v in (("json", "speedup.json"), ("csv", "windows.csv"), ("html", "windows.html"),
                                      ("bars", "ratios.png"), ("trace", "trace.png"))}
-    proc = run_module("workflow_src.protocol.paired", "--exp", "demo", "--A", str(root / "A"), "--opt",
-                      str(root / "opt"), "--B", str(root / "B"), "--warmup", str(WARMUP), "--windows",
+    dirs = [arg for role in ("A", "opt", "B")
+            for arg in (f"--{role}", *(str(root / launch_name(role, k)) for k in range(1, repeats + 1)))]
+    proc = run_module("workflow_src.protocol.paired", "--exp", "demo", *dirs, "--warmup", str(WARMUP), "--windows",
                       str(WINDOWS), "--window-steps", str(WSTEPS), "--out-json", str(outs["json"]),
                       "--out-csv", str(outs["csv"]), "--out-html", str(outs["html"]), "--out-bars",
                       str(outs["bars"]), "--out-trace", str(outs["trace"]), *extra, check=check)
@@ -100,6 +105,16 @@ def test_known_ratio_end_to_end(three):
     assert doc["step_counts"]["B"] == {"steps": STEPS, "ranks": 2, "records": 2 * STEPS}
     assert doc["switches"] == ["fused", "overlap"] and set(doc["launches"]) == {"A", "opt", "B"}
     assert "provenance" in doc and doc["protocol"]["steps_per_launch"] == STEPS
+    assert doc["protocol"]["mode"] == "production" and doc["protocol"]["repeats"] == 1
+    assert {m["mode"] for m in doc["launches"].values()} == {"production"}
+    assert h["median"] == h["range"][0] == h["range"][1] == h["ratio"] and h["repeat"] == 1
+    noise = doc["noise"]
+    assert [(w["repeat"], w["window"]) for w in noise["windows"]] == [(1, 1), (1, 2)]
+    for n, w in zip(noise["windows"], doc["windows"]):
+        assert n["ab_gap"] == abs(w["t_A"] - w["t_B"]) / min(w["t_A"], w["t_B"])
+        assert n["ratio_vs_A"] == w["t_A"] / w["t_opt"] and n["ratio_vs_B"] == w["t_B"] / w["t_opt"]
+    assert noise["max_ab_gap"] == max(w["ab_gap"] for w in noise["windows"]) and noise["noise_warn"] == 0.1
+    assert isinstance(noise["warnings"], list) and "A-vs-B gap" in outs["html"].read_text()
     csv = outs["csv"].read_text().splitlines()
     assert len(csv) == 1 + WINDOWS and csv[h["window"]].endswith(",true")
     html = outs["html"].read_text()
@@ -214,6 +229,63 @@ def test_paired_refuses_an_edited_log(three, tmp_path):
     assert proc.returncode == 1 and "launch B" in proc.stderr and "differs" in proc.stderr
 
 
+def test_repeats_headline_is_the_minimum_over_every_triple(three, tmp_path):
+    copy_launches(three, tmp_path)
+    ok(launch(tmp_path, "A2", subject(0.06, "--ranks 2")))
+    ok(launch(tmp_path, "opt2", subject(0.045, "--ranks 2"), "--after", str(tmp_path / "A2/meta.json")))
+    ok(launch(tmp_path, "B2", subject(0.06, "--ranks 2"), "--after", str(tmp_path / "opt2/meta.json")))
+    proc, outs = paired(tmp_path, repeats=2)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(outs["json"].read_text())
+    h, per = doc["headline"], doc["repeats"]
+    assert [p["repeat"] for p in per] == [1, 2] and per[1]["launches"] == ["A2", "opt2", "B2"]
+    assert per[1]["headline"]["ratio"] < per[0]["headline"]["ratio"]          # opt2 is the slower one
+    assert h["ratio"] == min(w["ratio"] for w in doc["windows"]) == per[1]["headline"]["ratio"]
+    assert h["repeat"] == 2 and h["baseline_launch"] in ("A2", "B2") and "repeat 2" in h["text"]
+    assert h["range"] == [per[1]["headline"]["ratio"], per[0]["headline"]["ratio"]]
+    assert h["median"] == (per[0]["headline"]["ratio"] + per[1]["headline"]["ratio"]) / 2
+    assert [(w["repeat"], w["window"]) for w in doc["windows"]] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert set(doc["launches"]) == {"A", "opt", "B", "A2", "opt2", "B2"} and doc["launches"]["B2"]["repeat"] == 2
+    csv = outs["csv"].read_text().splitlines()
+    assert len(csv) == 5 and [line.split(",")[-1] for line in csv[1:]].count("true") == 1
+    minimum = next(line for line in csv[1:] if line.endswith("true")).split(",")
+    assert (minimum[0], minimum[1]) == ("2", str(h["window"]))
+    # one triple alone still pairs; a triple given in the wrong slot does not
+    assert paired(tmp_path)[0].returncode == 0
+    wrong = run_module("workflow_src.protocol.paired", "--exp", "x", "--A", str(tmp_path / "A2"), "--opt",
+                       str(tmp_path / "opt2"), "--B", str(tmp_path / "B2"), "--warmup", "2", "--windows", "2",
+                       "--window-steps", "2", *(f"--out-{k}" for k in ()), "--out-json", str(tmp_path / "w.json"),
+                       "--out-csv", str(tmp_path / "w.csv"), "--out-html", str(tmp_path / "w.html"),
+                       "--out-bars", str(tmp_path / "w.png"), "--out-trace", str(tmp_path / "t.png"), check=False)
+    assert wrong.returncode == 1 and "records launch 'A' of repeat 2" in wrong.stderr
+
+
+def test_paired_refuses_a_stale_bracket(three, tmp_path):
+    # Consecutive launches here start within a second or two of each other: a limit far below that is stale.
+    copy_launches(three, tmp_path)
+    proc, outs = paired(tmp_path, "--max-gap-s", "0.000001")
+    assert proc.returncode == 1 and "stale bracket" in proc.stderr and "speedup.max_gap_s" in proc.stderr
+    assert "after launch A ended" in proc.stderr and not outs["json"].exists()
+    assert paired(tmp_path, "--max-gap-s", "3600")[0].returncode == 0
+
+
+def test_paired_refuses_mixed_timing_modes(three, tmp_path):
+    copy_launches(three, tmp_path)
+    ok(launch(tmp_path, "B", subject(0.06, "--ranks 2"), "--after", str(tmp_path / "opt/meta.json"), "--mode",
+              "deterministic"))
+    assert json.loads((tmp_path / "B/meta.json").read_text())["mode"] == "deterministic"
+    proc, _ = paired(tmp_path)
+    assert proc.returncode == 1 and "different timing modes" in proc.stderr
+
+
+def test_a_launch_removes_what_killed_tries_left(tmp_path):
+    dead = tmp_path / ".A.abc123.staging"          # a killed try's staging directory, in the old naming
+    (dead / "partial").mkdir(parents=True)
+    ok(launch(tmp_path, "A", subject(0.01)))
+    assert not dead.exists() and (tmp_path / "A/meta.json").is_file()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".A.")] == []
+
+
 # ---- step-log validation and the external-log adapter ---------------------------------------------------
 
 def rec(step, rank=0, seconds=0.1, **kw):
@@ -285,10 +357,14 @@ SNAKEFILE = """
 import os, sys
 configfile: "config.yaml"
 shell.prefix(f'export PYTHONPATH="{REPO}"; export PATH="{{os.path.dirname(sys.executable)}}:$PATH"; ')
+from snakemake.utils import validate
+sys.path.insert(0, "{REPO}")
+validate(config, "{REPO}/config/schema.yaml", set_default=True)
 include: "{REPO}/rules/common.smk"
 include: "{REPO}/rules/config.smk"
 include: "{REPO}/rules/environment.smk"
 include: "{REPO}/rules/speedup_common.smk"
+include: "{REPO}/rules/bitwise_common.smk"
 include: "{REPO}/rules/speedup.smk"
 rule all:
     input: speedup_outputs()
@@ -301,7 +377,7 @@ def test_rules_run_launches_in_order(tmp_path):
     cfg = {
         "experiment": "t", "environment": {"pins": {}, "on_pin_mismatch": "warn"},
         "checkpoint": {"name": "tiny", "source": "synthetic"},
-        "speedup": {"warmup": WARMUP, "windows": WINDOWS, "window_steps": WSTEPS,
+        "speedup": {"warmup": WARMUP, "windows": WINDOWS, "window_steps": WSTEPS, "repeats": 2,
                     "comparisons": {"ext": {"subject": "external", "switches": ["fast"]}},
                     "external": {"baseline": f"{sys.executable} {SUBJECT} --step-seconds 0.02 --regex-log",
                                  "optimized": f"{sys.executable} {SUBJECT} --step-seconds 0.01 --regex-log",
@@ -313,12 +389,16 @@ def test_rules_run_launches_in_order(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = tmp_path / "results/speedup/ext"
-    metas = {n: json.loads((res / n / "meta.json").read_text()) for n in ("A", "opt", "B")}
-    assert metas["A"]["end"]["monotonic_ns"] <= metas["opt"]["start"]["monotonic_ns"]
-    assert metas["opt"]["end"]["monotonic_ns"] <= metas["B"]["start"]["monotonic_ns"]
+    order = ("A", "opt", "B", "A2", "opt2", "B2")           # two triples, one after the other
+    metas = {n: json.loads((res / n / "meta.json").read_text()) for n in order}
+    for prev, nxt in zip(order, order[1:]):
+        assert metas[prev]["end"]["monotonic_ns"] <= metas[nxt]["start"]["monotonic_ns"], (prev, nxt)
+    assert {m["mode"] for m in metas.values()} == {"production"}
+    assert "--deterministic" not in metas["A"]["command"]
     assert metas["opt"]["switches"] == ["fast"] and "--switches fast" in metas["opt"]["command"]
     assert set(metas["A"]["provenance"]["config_sections"]) == {"speedup.comparisons.ext", "speedup.external"}
     doc = json.loads((res / "speedup.json").read_text())
-    assert 1.5 <= doc["headline"]["ratio"] <= 2.5
+    assert 1.5 <= doc["headline"]["ratio"] <= 2.5 and doc["protocol"]["repeats"] == 2
+    assert doc["protocol"]["max_gap_s"] == 600 and len(doc["noise"]["windows"]) == 2 * WINDOWS
     for name in ("windows.csv", "windows.html", "ratios.png", "trace.png"):
         assert (res / name).stat().st_size > 0

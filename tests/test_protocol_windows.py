@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from workflow_src.protocol.windows import (Window, csv_text, headline, paired_windows, phase_means,
+from workflow_src.protocol.windows import (Window, csv_text, headline, noise, paired_windows, phase_means,
                                            required_steps, step_times, table_rows, window_range)
 
 WARMUP, WINDOWS, WSTEPS = 2, 3, 2          # 8 steps: warm-up 0–1, windows (2–3), (4–5), (6–7)
@@ -103,11 +103,34 @@ def test_rounding_only_in_the_table():
     shown = table_rows(rows)
     assert shown[0] == ("1 (2–3)", "24.72", "11.87", "24.72", "24.72 (A)", "2.0831×")
     assert f"{24.72 / 11.87:.4f}" == "2.0826"                          # what rounding first would show
-    csv = csv_text(rows).splitlines()
-    assert csv[0].startswith("window,first_step,last_step,t_A,t_opt,t_B,base,faster_baseline,ratio")
+    csv = csv_text({1: rows}, (1, headline(rows).window)).splitlines()
+    assert csv[0].startswith("repeat,window,first_step,last_step,t_A,t_opt,t_B,base,faster_baseline,ratio")
     first = csv[1].split(",")
-    assert float(first[3]) == 24.7237 and float(first[8]) == 24.7237 / 11.8687   # exact round trip
-    assert first[-1] == "true" and csv[2].endswith("false")
+    assert float(first[4]) == 24.7237 and float(first[9]) == 24.7237 / 11.8687   # exact round trip
+    assert first[0] == "1" and first[-1] == "true" and csv[2].endswith("false")
+    assert table_rows(rows, repeat=3)[0][:2] == ("3", "1 (2–3)")
+
+
+def test_noise_gap_ratios_and_warnings():
+    # window 1: A and B 2 % apart; window 2: 30 % apart, larger than both the 10 % threshold and the gain
+    rows = table([1, 1, 1.00, 1.00, 1.3, 1.3, 1, 1], [1, 1, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8],
+                 [1, 1, 1.02, 1.02, 1.0, 1.0, 1, 1])
+    low = headline(rows)
+    doc = noise({1: rows}, low.ratio, 0.10)
+    gaps = [w["ab_gap"] for w in doc["windows"]]
+    assert gaps == [pytest.approx(0.02), pytest.approx(0.3), 0.0] and doc["max_ab_gap"] == pytest.approx(0.3)
+    assert doc["windows"][1]["ratio_vs_A"] == pytest.approx(1.3 / 0.8)
+    assert doc["windows"][1]["ratio_vs_B"] == pytest.approx(1.0 / 0.8)
+    assert len(doc["warnings"]) == 1 and "window 2 (steps 4–5)" in doc["warnings"][0]
+    assert "headline's gain" in doc["warnings"][0] and "noise_warn" in doc["warnings"][0]
+    # a gap below the threshold still warns when it is larger than the gain it would have to carry
+    small_gain = noise({1: rows}, 1.01, 0.10)
+    assert any("window 1" in w and "gain" in w and "noise_warn" not in w for w in small_gain["warnings"])
+    # nothing to say when the baselines agree well inside the gain
+    calm = table([1, 1, 1.0, 1.0, 1.0, 1.0, 1, 1], [1, 1, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5],
+                 [1, 1, 1.01, 1.01, 1.0, 1.0, 1, 1])
+    assert noise({1: calm}, headline(calm).ratio, 0.10)["warnings"] == []
+    assert "repeat 2" in noise({1: calm, 2: rows}, 1.2, 0.10)["warnings"][0]
 
 
 def test_table_matches_reference_shape():

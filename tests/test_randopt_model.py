@@ -333,10 +333,8 @@ RANDOPT = {"seed": 1, "population": 6, "sigmas": [0.002, 0.02], "shards": 2, "ks
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from workflow_src.checkpoints.synthetic import build
-    out = tmp_path_factory.mktemp("ckpt")
-    build(CKPT, TASK, out, progress=False)
-    return out
+    from conftest import synthetic_checkpoint
+    return synthetic_checkpoint(CKPT, TASK, tmp_path_factory.mktemp("ckpt") / "ckpt")
 
 
 def test_hf_engine_counts_and_matches_greedy_generate(checkpoint):

@@ -88,10 +88,53 @@ def test_app_health_and_score():
     (score_body(answers=[1, 2, 3, 4, 5, 6]), "answers must be a list of strings"),
     (score_body(answers=ANSWERS[:-1]), "length mismatch"),
     (score_body(task="gsm8k_maybe"), "unknown task"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b'{"id": ' + b"9" * 5000 + b"}", "malformed JSON"),
 ])
 def test_app_bad_requests(body, fragment):
     status, doc = call(create_app(), "POST", "/score", body)
     assert status == 400 and fragment in doc["error"]
+
+
+def test_app_refuses_a_body_shorter_than_announced_and_answers_errors_in_json(monkeypatch):
+    status, doc = call(create_app(), "POST", "/score", b'{"id": 1}', content_length=100)
+    assert status == 400 and "ended after 9 of the 100 bytes" in doc["error"]
+    import workflow_src.reward.app as app_module
+
+    def broken(*args):
+        raise KeyError("boom")
+    monkeypatch.setattr(app_module, "score", broken)
+    status, doc = call(create_app(), "POST", "/score", score_body())
+    assert status == 500 and "KeyError" in doc["error"]
+
+
+def test_hostile_bodies_are_refused_without_holding_the_service():
+    """One sync worker (the `upstream` settings): a trickling body is cut at the body deadline with 408, so an
+    ordinary request waits about that long, not gunicorn's 30 s worker timeout; deeply nested JSON is a JSON
+    400 that the client does not retry."""
+    from workflow_src.reward.loadtest import nested_json, slow_body
+    with RewardService(workers=1, threads=1, startup_timeout_s=15, body_timeout_s=1.0) as svc:
+        with ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(slow_body, svc.url, give_up_s=20)
+            time.sleep(0.3)                                  # the slow client holds the only worker now
+            t0 = time.monotonic()
+            client = RewardClient(svc.url, timeout_s=10, retries=3, backoff_s=0.05, overlap=False)
+            try:
+                assert client.score(COMPLETIONS, ANSWERS) == expected()
+                waited = time.monotonic() - t0
+                assert slow.result() == 408 and waited < 5, waited
+                r = requests.post(f"{svc.url}/score", data=nested_json(), timeout=10)
+                assert r.status_code == 400 and r.headers["Content-Type"] == "application/json"
+                assert "nested too deeply" in r.json()["error"]
+            finally:
+                client.close()
+        refused = RewardClient(svc.url, timeout_s=10, retries=3, backoff_s=0.05, overlap=False, task="nosuch")
+        try:
+            with pytest.raises(RewardServiceError, match="HTTP 400"):
+                refused.score(COMPLETIONS, ANSWERS)
+            assert refused.retry_count == 0                   # a 4xx is never retried
+        finally:
+            refused.close()
 
 
 def test_app_limits_paths_methods():

@@ -19,7 +19,7 @@ from test_rl_subject import RL, TASK, checkpoint  # noqa: F401  (the module-scop
 
 REWARD = {"service": "tuned", "services": {"upstream": {"workers": 1, "threads": 1, "omp_threads": None},
                                            "tuned": {"workers": 2, "threads": 2, "omp_threads": 1}},
-          "max_body_bytes": 1_000_000, "startup_timeout_s": 30,
+          "max_body_bytes": 1_000_000, "body_timeout_s": 5, "startup_timeout_s": 30,
           "client": {"timeout_s": 10, "retries": 3, "backoff_s": 0.05, "max_batch": 256}}
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
@@ -60,6 +60,22 @@ def test_serve_runs_the_command_beside_a_service_and_stops_it(sections, tmp_path
     assert rec["gunicorn"] and rec["url"] == probe["url"]
     with pytest.raises(requests.ConnectionError):  # stopped with the command
         requests.get(probe["url"] + "/health", timeout=2)
+
+
+def test_the_recorded_interpreter_survives_a_moved_checkout(sections, tmp_path):
+    from workflow_src.reward.environment import REPO as CHECKOUT, describe, python_path, recorded_python
+    assert recorded_python(str(CHECKOUT / ".venv/bin/python")) == ".venv/bin/python"
+    assert recorded_python("/usr/bin/python3") == "/usr/bin/python3"
+    assert python_path(".venv/bin/python") == str(CHECKOUT / ".venv/bin/python")
+    assert python_path(describe()["python"]) == os.path.abspath(sys.executable)
+    # A record naming the interpreter relative to the checkout starts the service from it.
+    env_record = tmp_path / "reward_environment.json"
+    env_record.write_text(json.dumps({"python": recorded_python(sys.executable)}))
+    cmd = serve_cmd(sections, tmp_path / "svc.json", sys.executable, "-c", PROBE)
+    cmd[cmd.index("--record"):cmd.index("--record")] = ["--python-from", str(env_record)]
+    out = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads((tmp_path / "svc.json").read_text())["python"] == os.path.abspath(sys.executable)
 
 
 def test_serve_passes_the_exit_code_and_still_stops(sections, tmp_path):
@@ -206,6 +222,21 @@ def test_load_no_lost_or_duplicated_responses(tmp_path):
     assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
 
 
+@pytest.mark.parametrize("workers, threads, hostile", [(1, 1, 1), (2, 2, 3)])
+def test_load_with_slow_and_hostile_clients(tmp_path, workers, threads, hostile):
+    """The `upstream` (one sync worker) and `tuned` (2 × 2 gthread) shapes under ordinary load plus clients that
+    trickle a body in or send deeply nested JSON: each hostile request is refused (408, a JSON 400) and every
+    ordinary one is still answered right within 10 s (without the body deadline one trickling client holds a
+    sync worker for gunicorn's 30 s worker timeout)."""
+    out = tmp_path / "load.json"
+    run_module("workflow_src.reward.loadtest", "--workers", str(workers), "--threads", str(threads), "--clients",
+               "3", "--requests", "10", "--batch", "8", "--hostile", str(hostile), "--body-timeout-s", "1",
+               "--timeout-s", "10", "--out", str(out))
+    doc = json.loads(out.read_text())
+    assert doc["answered"] == doc["requests"] == 30 and doc["problem_count"] == 0, doc["problems"]
+    assert doc["hostile"]["slow_body"] == [408] * hostile and doc["hostile"]["nested_json"] == [400] * hostile
+
+
 def test_percentile_nearest_rank():
     from workflow_src.reward.loadtest import percentile
     values = [float(i) for i in range(1, 101)]
@@ -218,7 +249,7 @@ def test_launch_fails_and_keeps_nothing_when_the_service_cannot_start(sections, 
     out_dir = tmp_path / "A"
     command = " ".join(shlex.quote(x) for x in serve_cmd(sections, tmp_path / "svc.json", sys.executable, "-c",
                                                            "print('never')", python="/bin/false"))
-    proc = run_module("workflow_src.protocol.launch", "--launch", "A", "--steps", "2", "--command", command,
+    proc = run_module("workflow_src.protocol.launch", "--launch", "A", "--mode", "production", "--steps", "2", "--command", command,
                       "--out-dir", str(out_dir), check=False)
     assert proc.returncode == 1
     assert "did not start, so the command was not run" in proc.stderr and "nothing was kept" in proc.stderr

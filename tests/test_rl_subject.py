@@ -273,3 +273,27 @@ def test_graph_capture_survives_collections_of_old_graphs_on_a_gpu(checkpoint):
         assert not lean._decode_graphs
     finally:
         gc.set_threshold(*thresholds)
+
+
+def test_a_killed_launch_keeps_the_steps_it_finished_and_is_named(checkpoint, tmp_path):
+    """steps.jsonl grows step by step: a subject killed mid-run leaves whole lines of the steps it finished, and
+    the launch names the step it died in (and keeps nothing)."""
+    rl = write_section(tmp_path / "rl.json", "rl", RL)
+    task = write_section(tmp_path / "task.json", "task.synthetic_arithmetic", TASK)
+    subject = (f"{sys.executable} -m workflow_src.rl --impl baseline --checkpoint {checkpoint} --rl-section {rl} "
+               f'--task-section {task} --steps 50 --out "$SPEEDPROOF_OUT"')
+    # Kill the subject (SIGKILL: nothing of it runs after) once its first step's line is written; copy the log.
+    command = (f'{subject} & pid=$!; for i in $(seq 1200); do [ -s "$SPEEDPROOF_OUT/steps.jsonl" ] && break; '
+               f'sleep 0.05; done; kill -9 $pid; wait $pid; status=$?; '
+               f'cp "$SPEEDPROOF_OUT/steps.jsonl" {tmp_path}/partial.jsonl; exit $status')
+    proc = subprocess.run([sys.executable, "-m", "workflow_src.protocol.launch", "--launch", "A", "--mode",
+                           "production", "--steps", "50", "--command", command, "--out-dir", str(tmp_path / "A")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 1
+    lines = (tmp_path / "partial.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["step"] for line in lines]
+    assert steps and steps == list(range(len(steps))) and len(steps) < 50
+    assert (f"launch A: subject exited with status 137 during step {len(steps)} "
+            f"(steps 0–{len(steps) - 1} were logged)") in proc.stderr
+    assert not (tmp_path / "A").exists()

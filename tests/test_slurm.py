@@ -30,7 +30,8 @@ pytestmark = pytest.mark.workflow
 
 PROFILE = REPO / "profiles/slurm/config.yaml"
 BINARIES = ("munged", "slurmctld", "slurmd", "slurmstepd", "sbatch", "srun", "squeue", "sinfo", "scontrol", "scancel")
-GPU_RULES = ("speedup_launch", "deterministic_run", "randopt_population", "randopt_base", "randopt_topk_answers",
+TIMED_RULES = ("speedup_launch", "speedup_next_launch")
+GPU_RULES = (*TIMED_RULES, "deterministic_run", "randopt_population", "randopt_base", "randopt_topk_answers",
              "randopt_probes", "randopt_bpb")
 FAKE_GPU = "fake"
 SLURM_RUN_TIMEOUT_S = 540
@@ -63,8 +64,8 @@ def test_profile_requests_gpus_and_exclusive_timed_launches():
     for rule in GPU_RULES:
         assert res[rule]["gpu"] >= 1 and res[rule]["cpus_per_gpu"] >= 1, rule
         assert res[rule]["mem_mb"] >= 0 and res[rule]["runtime"] > 0, rule
-    assert "--exclusive" in res["speedup_launch"]["slurm_extra"]
-    assert all("--exclusive" not in res[r].get("slurm_extra", "") for r in res if r != "speedup_launch")
+    assert all("--exclusive" in res[r]["slurm_extra"] for r in TIMED_RULES)
+    assert all("--exclusive" not in res[r].get("slurm_extra", "") for r in res if r not in TIMED_RULES)
     assert "gpu=0" in prof["default-resources"]
 
 

@@ -110,7 +110,8 @@ def test_heldout_texts_are_the_heldout_documents():
 
 @pytest.mark.parametrize("text, expected", [
     ("37+48=85 #### 85", "85"),
-    ("#### 1\nthen #### 2", "2"),
+    ("#### 1\nthen #### 2", "1"),                 # the first marker: what follows is more generation
+    ("#### - 3", "-3"),
     ("#### 70\n37+48=85", "70"),
     ("####70", "70"),
     ("#### $1,234", "1234"),
@@ -124,8 +125,9 @@ def test_heldout_texts_are_the_heldout_documents():
     ("#### x+1", "x+1"),
     ("no marker 42", None),
     ("#### ", None),
-    ("#### 5 ####", None),
-    ("#### 5\n####\n", None),
+    ("#### 5 ####", "5"),
+    ("#### 5\n####\n", "5"),
+    ("####\n#### 5", None),
     ("", None),
 ])
 def test_extract_hash_answer(text, expected):

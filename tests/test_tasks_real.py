@@ -43,7 +43,11 @@ REV = "0123456789abcdef0123456789abcdef01234567"
     ("#### 18 dollars", "18", "18"),
     ("#### -3", "-3", "-3"),
     ("#### −3", "-3", "-3"),                              # unicode minus
-    ("#### 5\n#### 6\nThanks", "6", "6"),                 # the last marker wins
+    ("#### 5\n#### 6\nThanks", "5", "5"),                 # the first marker: what follows is more generation
+    ("#### 18\n\nQuestion: Tom has 3 pens and buys 19.\nAnswer: 3 + 19 = 22\n#### 22", "18", "18"),
+    ("I count 6 in all.\nQuestion: Sam has 9 apples.\nAnswer: #### 9", None, "6"),   # cut at "Question:"
+    ("#### - 3", "-3", "-3"),                            # a sign set apart by a space
+    ("#### + 3", "3", "3"),
     ("first 12, then #### 0042", "42", "42"),
     ("#### five", "five", "five"),                        # no number: the stripped text
     ("The answer is 1,234.", None, "1234"),               # no marker: last number (lenient only)
@@ -106,8 +110,8 @@ def test_last_boxed(text, content):
     ("90^{\\circ}", "90"),
     ("\\$18.00", "18"),
     ("$5$", "5"),
-    ("1,\\!000", "1000"),
-    ("1,000,000", "1000000"),
+    ("1,\\!000", "1,000"),                    # thousands stay as written: math_equivalent reads them
+    ("1,000,000", "1,000,000"),
     ("10, 100", "10, 100"),                   # a list, not ten thousand one hundred
     ("50\\%", "50"),
     ("x = 5", "5"),
@@ -176,9 +180,16 @@ EQUIVALENT = [
     ("\\$1,000", "1000"),
     ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\pi/2)"),
     ("x=5", "5"),
+    ("10,100", "10, 100"),                    # beside a list, a thousands-looking number is that list
+    ("10,100", "10100"),                      # beside a number, it is the number
+    ("1000", "1,000"),
+    ("x = 3", "x=3"),
 ]
 NOT_EQUIVALENT = [
     ("-3", "3"),
+    ("y=3", "x=3"),                           # another variable (math-verify: not equal either)
+    ("10,100", "10, 10"),
+    ("10,100", "10101"),
     ("\\frac{1}{2}", "0.3"),
     ("abc", "abd"),
     ("(1, 2)", "(2, 1)"),

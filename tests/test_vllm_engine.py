@@ -41,10 +41,8 @@ json.dump(out, open(out_path, "w"))
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from workflow_src.checkpoints.synthetic import build
-    out = tmp_path_factory.mktemp("ckpt")
-    build(CKPT, TASK, out, progress=False)
-    return out
+    from conftest import synthetic_checkpoint
+    return synthetic_checkpoint(CKPT, TASK, tmp_path_factory.mktemp("ckpt") / "ckpt")
 
 
 def test_answers_and_perturbations_equal_hf(checkpoint, tmp_path):

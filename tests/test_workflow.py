@@ -32,7 +32,7 @@ TINY = {
     "heldout_text": {"synthetic": {"documents": 4}},
 }
 SPINE = {"config_section": 15, "environment": 1, "reward_environment": 1, "checkpoint": 1, "pretraining_curve": 1,
-         "speedup_launch": 6, "paired_speedup": 2, "deterministic_run": 4, "bitwise_compare": 3, "bitwise_summary": 1,
+         "speedup_launch": 2, "speedup_next_launch": 4, "paired_speedup": 2, "deterministic_run": 4, "bitwise_compare": 3, "bitwise_summary": 1,
          "operator_checks": 1, "experiment_manifest": 1, "all": 1,
          "heldout_text": 1, "randopt_base": 1, "randopt_population": 2, "randopt_gather": 1, "randopt_topk_answers": 1,
          "randopt_select_vote": 1, "randopt_probes": 1, "randopt_bpb": 1, "randopt_sigma_stats": 1, "randopt_plots": 1,
@@ -75,7 +75,8 @@ def test_gpu_preset_plans_the_rl_evidence_only(tmp_path, preset):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert jobs_planned(proc) == {"config_section": 12, "environment": 1, "reward_environment": 1, "checkpoint": 1,
-                                  "operator_checks": 1, "speedup_launch": 3, "paired_speedup": 1,
+                                  "operator_checks": 1, "speedup_launch": 1, "speedup_next_launch": 2,
+                                  "paired_speedup": 1,
                                   "deterministic_run": 4, "bitwise_compare": 3, "bitwise_summary": 1,
                                   "rl_evidence": 1}
     assert "--source random" in proc.stdout and "--scale real --device cuda" in proc.stdout
@@ -94,7 +95,7 @@ def test_randopt_preset_plans_the_randopt_evidence_only(tmp_path, preset, task, 
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = jobs_planned(proc)
     assert jobs["randopt_population"] >= 1 and jobs["randopt_record"] == 1 and jobs["randopt_evidence"] == 1
-    assert not {"speedup_launch", "deterministic_run", "operator_checks"} & set(jobs)
+    assert not {"speedup_launch", "speedup_next_launch", "deterministic_run", "operator_checks"} & set(jobs)
     assert f"--source {source}" in proc.stdout
     assert (source == "hf") == ("a09a35458c702b33eeacc393d103063234e8bc28" in proc.stdout)
     assert f'"engine": "static"' in proc.stdout and f"task.{task}" in proc.stdout
@@ -149,6 +150,9 @@ def test_full_run_then_nothing_to_do(tiny_workflow):
 
     speed = json.loads((res / "speedup/full/speedup.json").read_text())
     assert speed["headline"]["ratio"] > 0 and speed["headline"]["window"] in (1, 2)
+    assert speed["protocol"]["mode"] == "production" and speed["protocol"]["repeats"] == 1
+    assert [w["window"] for w in speed["noise"]["windows"]] == [1, 2] and speed["noise"]["max_ab_gap"] >= 0
+    assert isinstance(speed["noise"]["warnings"], list)
     assert speed["bitwise"]["run"] == "optimized" and speed["headline"]["counts"] is True
     assert {k: v["service"] for k, v in speed["reward_services"].items()} == {"A": "upstream", "opt": "tuned",
                                                                               "B": "upstream"}

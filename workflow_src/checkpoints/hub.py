@@ -1,4 +1,5 @@
-"""`hf` source: a Hugging Face Hub snapshot at a pinned commit, linked out of the hub cache."""
+"""`hf` source: a Hugging Face Hub snapshot at a pinned commit, copied out of the hub cache (reflinked where the
+file system can)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,20 @@ from typing import Any
 from . import CheckpointError
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
+def copy_file(src: Path, dst: Path) -> None:
+    """A copy of `src` at `dst` that shares no bytes with it once either is written: a reflink (copy-on-write
+    clone) where the file system has them, else a plain copy. Never a hard link: editing a hard-linked
+    checkpoint file would edit the hub cache, and a rebuild from that cache would vouch for the edit."""
+    import fcntl
     dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)  # no second copy of multi-GB weights when the cache shares the filesystem
-    except OSError:
-        shutil.copy2(src, dst)
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        try:
+            fcntl.ioctl(fout.fileno(), 0x40049409, fin.fileno())  # FICLONE
+            shutil.copystat(src, dst)
+            return
+        except OSError:
+            pass
+    shutil.copy2(src, dst)
 
 
 def fetch(spec: dict[str, Any], staging: Path) -> None:
@@ -43,4 +52,4 @@ def fetch(spec: dict[str, Any], staging: Path) -> None:
     for src in sorted(snapshot.rglob("*")):
         rel = src.relative_to(snapshot).as_posix()
         if src.is_file() and any(fnmatch.fnmatch(rel, p) for p in patterns):
-            _link_or_copy(src.resolve(), staging / rel)
+            copy_file(src.resolve(), staging / rel)

@@ -51,6 +51,19 @@ def refuse_pickles(files: dict[str, Any], where: str) -> None:
         raise CheckpointError(f"{where}: no .safetensors weights found")
 
 
+def check_safetensors_headers(directory: Path, files: dict[str, Any], where: str) -> None:
+    """Each weights file's header parses, so a manifest never vouches for a file no loader can open (the
+    loader's own error would not name the file)."""
+    from safetensors import safe_open
+    for name in sorted(n for n in files if n.endswith(".safetensors")):
+        try:
+            with safe_open(str(Path(directory) / name), framework="numpy") as f:
+                f.keys()
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own and OSError types
+            raise CheckpointError(f"{where}: {name} is not a readable safetensors file ({type(e).__name__}: {e})") \
+                from None
+
+
 def write_manifest(directory: Path, model: str, source: str, source_spec: dict[str, Any],
                    expected_manifest: str | Path | None = None) -> dict[str, Any]:
     """Hash `directory`, verify it against `expected_manifest` if given, and write MANIFEST.json into it."""
@@ -58,6 +71,7 @@ def write_manifest(directory: Path, model: str, source: str, source_spec: dict[s
 
     files = hash_tree(directory, exclude=(MANIFEST_NAME,))
     refuse_pickles(files, f"checkpoint {model!r}")
+    check_safetensors_headers(directory, files, f"checkpoint {model!r}")
     verified = None
     if expected_manifest:
         problems = verify(files, expected_hashes(expected_manifest))

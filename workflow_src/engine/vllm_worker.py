@@ -28,7 +28,9 @@ def checkpoint_tensors(directory: str | Path, dtype: torch.dtype) -> dict[str, t
     """The checkpoint's tensors by transformers name, in `dtype`, without the output projection of a
     model with tied embeddings (transformers names that parameter once, as the embedding)."""
     from safetensors.torch import load_file
-    directory = Path(directory)
+
+    from ..checkpoints.verify import verified_checkpoint
+    directory = verified_checkpoint(directory)  # this worker's own check: it may run in a process of its own
     config = json.loads((directory / "config.json").read_text())
     tensors: dict[str, torch.Tensor] = {}
     for f in sorted(directory.glob("*.safetensors")):

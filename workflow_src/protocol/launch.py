@@ -1,6 +1,6 @@
 """Run one timed launch of the paired protocol (A, opt or B) and publish it atomically.
 
-    python -m workflow_src.protocol.launch --launch opt --steps 16 \\
+    python -m workflow_src.protocol.launch --launch opt [--repeat K] --mode production|deterministic --steps 16 \\
         --command 'python -m workflow_src.rl --impl optimized ... --steps 16 --out "$SPEEDPROOF_OUT"' \\
         --out-dir results/speedup/full/opt --after results/speedup/full/A/meta.json \\
         [--environment results/env/environment.json] [--config-sections ...] [--checkpoint-manifest ...] \\
@@ -11,8 +11,11 @@ staging directory, whose path it finds in ``$SPEEDPROOF_OUT`` (also exported: ``
 ``SPEEDPROOF_LAUNCH``), and which becomes ``--out-dir`` only once the launch has passed every check. The
 subject's stdout/stderr are streamed to our stderr and kept as ``subject.log``.
 
-``--after`` names the previous launch's meta.json (opt after A, B after opt): the launch refuses to start
-unless it exists, belongs to that launch, succeeded on this host, and ended before now. Checks after the run:
+``--after`` names the previous launch's meta.json (opt after A, B after opt, within one triple): the launch
+refuses to start unless it exists, belongs to that launch of the same triple, succeeded on this host, and ended
+before now. ``--mode`` records how the command was composed (production, or deterministic: the subject was
+given --deterministic); the paired result refuses to mix modes. Stale staging directories of killed earlier
+tries of the same launch are removed when it starts. Checks after the run:
 exit status 0, then the log has exactly steps 0..N-1 on every rank (see steplog). Any failure: exit status 1,
 a message naming the launch (and step), and no output directory.
 """
@@ -35,7 +38,7 @@ from typing import Any
 from ..provenance.atomic import atomic_directory, atomic_write_json
 from ..provenance.hashing import sha256_file
 from ..provenance.stamp import provenance
-from . import LAUNCHES, PREDECESSOR
+from . import LAUNCHES, MODES, PREDECESSOR, launch_name
 from .steplog import (LOG_FORMATS, STEPS_FILE, StepLogError, last_complete_step, parse_external_log, parse_jsonl,
                       to_jsonl, validate_records)
 
@@ -83,11 +86,12 @@ def load_meta(path: str | Path) -> dict[str, Any]:
     return doc
 
 
-def check_after(launch: str, after: str | Path, host: str, boot: str | None) -> dict[str, Any]:
+def check_after(role: str, after: str | Path, host: str, boot: str | None, repeat: int = 1) -> dict[str, Any]:
     """Refuse to start unless `after` is the predecessor's successful meta.json that ended before now."""
-    want = PREDECESSOR[launch]
+    launch = launch_name(role, repeat)
+    want = PREDECESSOR[role]
     if want is None:
-        raise LaunchError(f"launch {launch}: is the first launch and takes no --after")
+        raise LaunchError(f"launch {launch}: is the first launch of its triple and takes no --after")
     after = Path(after)
     if not after.is_file():
         raise LaunchError(f"launch {launch}: refusing to start: the previous launch's record {after} does not "
@@ -96,9 +100,9 @@ def check_after(launch: str, after: str | Path, host: str, boot: str | None) -> 
         prev = load_meta(after)
     except (ValueError, OSError) as e:
         raise LaunchError(f"launch {launch}: refusing to start: {e}") from None
-    if prev.get("launch") != want:
-        raise LaunchError(f"launch {launch}: refusing to start: {after} records launch {prev.get('launch')!r}, "
-                          f"but {launch} must follow {want}")
+    if prev.get("launch") != want or prev.get("repeat", 1) != repeat:
+        raise LaunchError(f"launch {launch}: refusing to start: {after} records launch {prev.get('launch')!r} of "
+                          f"repeat {prev.get('repeat', 1)}, but {launch} must follow {launch_name(want, repeat)}")
     if prev.get("exit_code") != 0:
         raise LaunchError(f"launch {launch}: refusing to start: launch {want} exited with {prev.get('exit_code')}")
     if prev.get("host") != host:
@@ -202,9 +206,10 @@ def failure_step(staging: Path, log_file: str, log_format: str, log_pattern: str
 
 
 def run_launch(a: argparse.Namespace) -> dict[str, Any]:
-    launch, out_dir = a.launch, Path(a.out_dir)
+    role, out_dir = a.launch, Path(a.out_dir)
+    launch = launch_name(role, a.repeat)
     host, boot = socket.gethostname(), boot_id()
-    after = check_after(launch, a.after, host, boot) if a.after else None
+    after = check_after(role, a.after, host, boot, a.repeat) if a.after else None
     env_hash = json.loads(Path(a.environment).read_text())["env_hash"] if a.environment else None
     final_steps = out_dir / STEPS_FILE
     with atomic_directory(out_dir) as staging:
@@ -229,7 +234,9 @@ def run_launch(a: argparse.Namespace) -> dict[str, Any]:
                                launch=launch, path=final_steps, expected_steps=a.steps, expected_ranks=a.ranks)
         meta = {
             "format": META_FORMAT,
-            "launch": launch,
+            "launch": role,
+            "repeat": a.repeat,
+            "mode": a.mode,
             "command": a.command,
             "switches": list(a.switches),
             "host": host,
@@ -257,7 +264,10 @@ def _on_sigterm(signum, frame):  # noqa: ARG001
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--launch", required=True, choices=LAUNCHES)
+    ap.add_argument("--launch", required=True, choices=LAUNCHES, help="the launch's role in its triple")
+    ap.add_argument("--repeat", type=int, default=1, help="which triple (1, 2, ...) this launch belongs to")
+    ap.add_argument("--mode", required=True, choices=MODES,
+                    help="how the command times: production, or deterministic (it passes --deterministic)")
     ap.add_argument("--command", required=True, help="the subject's shell command, run by bash as given")
     ap.add_argument("--steps", required=True, type=int, help="steps the log must hold (warmup + windows × steps)")
     ap.add_argument("--ranks", type=int, help="ranks the log must hold (default: every rank 0..max seen)")
@@ -279,6 +289,8 @@ def main(argv: list[str] | None = None) -> None:
     a = build_parser().parse_args(argv)
     if a.steps < 1:
         raise SystemExit("launch: --steps must be >= 1")
+    if a.repeat < 1:
+        raise SystemExit("launch: --repeat must be >= 1")
     if a.log_format == "regex" and not a.log_pattern:
         raise SystemExit("launch: --log-format regex needs --log-pattern")
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -288,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"speedup launch failed: {e}; nothing was kept at {a.out_dir}", file=sys.stderr)
         raise SystemExit(1) from None
     except ValueError as e:  # a bad log pattern
-        print(f"speedup launch failed: launch {a.launch}: {e}; nothing was kept at {a.out_dir}", file=sys.stderr)
+        print(f"speedup launch failed: launch {launch_name(a.launch, a.repeat)}: {e}; nothing was kept at {a.out_dir}", file=sys.stderr)
         raise SystemExit(1) from None
     print(f"launch {meta['launch']}: {meta['steps']} steps × {meta['ranks']} rank(s) in "
           f"{meta['wall_seconds']:.3f} s → {a.out_dir}", file=sys.stderr)

@@ -134,23 +134,59 @@ TABLE_HEADER = ("Window (steps)", "Baseline A (s/step)", "Optimized (s/step)", "
                 "Baseline = faster of A, B (s/step)", "Paired speedup")
 
 
-def table_rows(rows: Sequence[Window]) -> list[tuple[str, ...]]:
-    """Display rows (rounded), like the reference: '2 (12–13)', '24.72', ..., '2.0831×'."""
-    return [(f"{r.window} ({r.first_step}–{r.last_step})", fmt_seconds(r.t_A), fmt_seconds(r.t_opt),
+def table_rows(rows: Sequence[Window], repeat: int | None = None) -> list[tuple[str, ...]]:
+    """Display rows (rounded), like the reference: '2 (12–13)', '24.72', ..., '2.0831×'; with `repeat`, the
+    repeat's number first (a comparison of several triples)."""
+    lead = () if repeat is None else (str(repeat),)
+    return [(*lead, f"{r.window} ({r.first_step}–{r.last_step})", fmt_seconds(r.t_A), fmt_seconds(r.t_opt),
              fmt_seconds(r.t_B), f"{fmt_seconds(r.base)} ({r.faster_baseline})", fmt_ratio(r.ratio))
             for r in rows]
 
 
-CSV_FIELDS = ("window", "first_step", "last_step", "t_A", "t_opt", "t_B", "base", "faster_baseline", "ratio",
-              "is_minimum")
+CSV_FIELDS = ("repeat", "window", "first_step", "last_step", "t_A", "t_opt", "t_B", "base", "faster_baseline",
+              "ratio", "is_minimum")
 
 
-def csv_text(rows: Sequence[Window]) -> str:
-    """Unrounded CSV (floats as repr, which round-trips exactly)."""
-    low = headline(rows).window if rows else None
+def csv_text(rows_by_repeat: Mapping[int, Sequence[Window]], minimum: tuple[int, int]) -> str:
+    """Unrounded CSV (floats as repr, which round-trips exactly); `minimum` is the (repeat, window) of the
+    headline."""
     lines = [",".join(CSV_FIELDS)]
-    for r in rows:
-        lines.append(",".join([str(r.window), str(r.first_step), str(r.last_step), repr(r.t_A), repr(r.t_opt),
-                               repr(r.t_B), repr(r.base), r.faster_baseline, repr(r.ratio),
-                               "true" if r.window == low else "false"]))
+    for repeat in sorted(rows_by_repeat):
+        for r in rows_by_repeat[repeat]:
+            lines.append(",".join([str(repeat), str(r.window), str(r.first_step), str(r.last_step), repr(r.t_A),
+                                   repr(r.t_opt), repr(r.t_B), repr(r.base), r.faster_baseline, repr(r.ratio),
+                                   "true" if (repeat, r.window) == minimum else "false"]))
     return "\n".join(lines) + "\n"
+
+def ab_gap(t_a: float, t_b: float) -> float:
+    """How far the two baselines of one window are apart: |t_A − t_B| / min(t_A, t_B)."""
+    return abs(t_a - t_b) / min(t_a, t_b)
+
+
+def noise(rows_by_repeat: Mapping[int, Sequence[Window]], headline_ratio: float, warn_above: float) -> dict[str, Any]:
+    """The noise the headline carries: per window the A-vs-B gap and the ratio against each baseline alone.
+
+    A window warns when its gap is larger than the headline's gain (ratio − 1: the two baselines disagree by
+    more than the speedup claims) or larger than `warn_above` (speedup.noise_warn).
+    """
+    gain = headline_ratio - 1.0
+    windows, warnings = [], []
+    for repeat in sorted(rows_by_repeat):
+        for r in rows_by_repeat[repeat]:
+            gap = ab_gap(r.t_A, r.t_B)
+            windows.append({"repeat": repeat, "window": r.window, "first_step": r.first_step,
+                            "last_step": r.last_step, "ab_gap": gap, "ratio_vs_A": r.t_A / r.t_opt,
+                            "ratio_vs_B": r.t_B / r.t_opt})
+            reasons = []
+            if gap > gain:
+                reasons.append(f"larger than the headline's gain ({gain:+.1%})")
+            if gap > warn_above:
+                reasons.append(f"larger than speedup.noise_warn ({warn_above:.0%})")
+            if reasons:
+                where = f"window {r.window} (steps {r.first_step}–{r.last_step})"
+                if len(rows_by_repeat) > 1:
+                    where = f"repeat {repeat}, {where}"
+                warnings.append(f"{where}: baselines A and B differ by {gap:.1%} "
+                                f"(A {r.t_A:.4g} s, B {r.t_B:.4g} s per step), " + " and ".join(reasons))
+    return {"windows": windows, "max_ab_gap": max(w["ab_gap"] for w in windows), "noise_warn": warn_above,
+            "headline_gain": gain, "warnings": warnings}

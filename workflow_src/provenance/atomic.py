@@ -7,9 +7,13 @@ under a temporary sibling name and renamed as a whole once complete.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
+import re
 import shutil
+import socket
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,15 +53,61 @@ def atomic_write_json(path: str | Path, obj: Any) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
+def _short_host() -> str:
+    return socket.gethostname().split(".")[0] or "localhost"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def remove_stale_staging(final: str | Path) -> list[Path]:
+    """Remove what killed earlier builds of `final` left beside it: `.NAME.<host>-<pid>.*.staging` directories
+    and `.NAME.old-<pid>` copies whose process on this host is gone (or whose name predates the pid in it).
+
+    A directory of a build still running (its pid alive) or made on another host (a shared file system) is
+    left alone."""
+    final = Path(final)
+    if not final.parent.is_dir():
+        return []
+    host = _short_host()
+    removed = []
+    for path in final.parent.glob(f".{glob.escape(final.name)}.*"):
+        rest = path.name[len(final.name) + 2:]
+        if not path.is_dir() or path == final:
+            continue
+        m = re.fullmatch(r"(?:(?P<host>[^.]+)-(?P<pid>[0-9]+)\..*\.staging|old-(?P<oldpid>[0-9]+)|[^.]*\.staging)", rest)
+        if not m:
+            continue
+        pid = m.group("pid") or m.group("oldpid")
+        if m.group("host") not in (None, host):
+            continue
+        if pid is not None and _pid_alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_directory(final: str | Path) -> Iterator[Path]:
     """Yield an empty staging directory; on success it becomes `final`, on error it is removed.
 
-    An existing `final` is replaced only after the new one is complete.
+    An existing `final` is replaced only after the new one is complete. Staging directories left by killed
+    earlier builds of `final` are removed first (`remove_stale_staging`).
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".staging", dir=final.parent))
+    for path in remove_stale_staging(final):
+        print(f"removed {path}, left by a killed earlier build of {final}", file=sys.stderr)
+    prefix = f".{final.name}.{_short_host()}-{os.getpid()}."
+    staging = Path(tempfile.mkdtemp(prefix=prefix, suffix=".staging", dir=final.parent))
     os.chmod(staging, 0o777 & ~_umask())
     try:
         yield staging

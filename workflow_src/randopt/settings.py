@@ -19,6 +19,7 @@ DEFAULTS: dict[str, Any] = {
     "assignment": "blocks",         # blocks | random
     "shards": 2,                    # population shards (scatter/gather jobs)
     "ks": [4, 8, 16],                # absolute Ks of the sweep
+    "cap_ks": False,                # a K above the population: capped (and warned) instead of refused
     "k_ratios": [],                 # Ks as ceil(ratio · N)
     "probes": 3,                    # top seeds evaluated alone on test (+ bpb)
     "train_prompts": 128,           # first n train problems (None: the whole train split)

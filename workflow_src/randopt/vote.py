@@ -247,6 +247,9 @@ def compute(task_name: str, task_spec: dict[str, Any], population: pd.DataFrame,
     largest K. `gold` (ids, answers, equivalent) replaces loading the task (tests)."""
     ids, answers, equivalent = gold if gold is not None else gold_answers(task_name, task_spec)
     ranked, indices, kmax = check_inputs(population, base_test, topk, ids)
+    capped = sorted({int(k) for k in ks if k > len(ranked)} | ({headline_k} if (headline_k or 0) > len(ranked) else set()))
+    if capped:
+        headline_k = None if headline_k is None else min(headline_k, len(ranked))
     sweep_ks = resolve_ks(len(ranked), ks, k_ratios)
     if sweep_ks[-1] > kmax:
         raise ArtifactError(f"the K sweep {sweep_ks} needs the top {sweep_ks[-1]} seeds' test answers, "
@@ -271,6 +274,9 @@ def compute(task_name: str, task_spec: dict[str, Any], population: pd.DataFrame,
     check["topk"] = int(sum(regrade(e, int(i)) != int(c) for i, e, c in
                             zip(topk["index"], topk["extracted"], topk["correct"])))
     warnings = []
+    if capped:
+        warnings.append(f"K {capped} exceed the population ({len(ranked)} seeds) and were capped at {len(ranked)} "
+                        "(randopt.cap_ks)")
     if check["base"] or check["topk"]:
         warnings.append(f"grading: {check['base']} base and {check['topk']} top-K rows have a `correct` that "
                         "differs from regrading their `extracted` answer against the gold answer")

@@ -7,12 +7,15 @@ Grading is a pure function of (task, completion, answer), so every worker gives 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
+import threading
 
 from ..tasks.registry import TASKS
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
             411: "Length Required", 413: "Payload Too Large", 500: "Internal Server Error"}
 
 
@@ -30,7 +33,10 @@ def _respond(start_response, status: int, payload: dict, extra_headers: list | N
     return [body]
 
 
-def _read_body(environ, max_body_bytes: int) -> bytes:
+def _read_body(environ, max_body_bytes: int, body_timeout_s: float | None = None) -> bytes:
+    """The request body, refused unless it arrives whole within `body_timeout_s`: a client that announces a body
+    and sends it slowly would otherwise hold a worker (a sync worker: the whole service) until gunicorn's
+    worker timeout. The deadline shuts the connection's read side, which ends the blocked read at once."""
     raw = environ.get("CONTENT_LENGTH") or ""
     try:
         length = int(raw) if raw.strip() else 0
@@ -41,13 +47,36 @@ def _read_body(environ, max_body_bytes: int) -> bytes:
     if length > max_body_bytes:
         raise _BadRequest(413, f"body of {length} bytes exceeds the limit of {max_body_bytes} bytes")
     stream = environ["wsgi.input"]
+    sock = environ.get("gunicorn.socket")
+    expired = threading.Event()
+    timer = None
+    if sock is not None and body_timeout_s:
+        def expire() -> None:
+            expired.set()
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RD)  # the answer can still be written
+        timer = threading.Timer(body_timeout_s, expire)
+        timer.daemon = True
+        timer.start()
     chunks, remaining = [], length
-    while remaining > 0:
-        chunk = stream.read(min(remaining, 65536))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        remaining -= len(chunk)
+    try:
+        while remaining > 0:
+            try:
+                chunk = stream.read(min(remaining, 65536))
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+    finally:
+        if timer is not None:
+            timer.cancel()
+    if expired.is_set():
+        raise _BadRequest(408, f"the request body did not arrive within {body_timeout_s:g} s "
+                               f"({length - remaining} of {length} bytes)")
+    if remaining:
+        raise _BadRequest(400, f"the request body ended after {length - remaining} of the {length} bytes announced")
     return b"".join(chunks)
 
 
@@ -56,6 +85,10 @@ def _parse_score_request(body: bytes) -> tuple[str, str, list[str], list[str]]:
         doc = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _BadRequest(400, f"malformed JSON: {exc}")
+    except RecursionError:
+        raise _BadRequest(400, "malformed JSON: nested too deeply")
+    except (ValueError, MemoryError) as exc:  # e.g. a number literal longer than Python converts
+        raise _BadRequest(400, f"malformed JSON: {type(exc).__name__}: {exc}")
     if not isinstance(doc, dict):
         raise _BadRequest(400, "request body must be a JSON object")
     missing = [k for k in ("id", "task", "completions", "answers") if k not in doc]
@@ -84,10 +117,13 @@ def score(task: str, completions: list[str], answers: list[str]) -> dict[str, li
             "format": [float(t.format_ok(c)) for c in completions]}
 
 
-def create_app(max_body_bytes: int = 1_000_000):
-    """The reward service's WSGI callable; bodies over `max_body_bytes` are refused with 413."""
+def create_app(max_body_bytes: int = 1_000_000, body_timeout_s: float | None = 5.0):
+    """The reward service's WSGI callable; bodies over `max_body_bytes` are refused with 413, bodies that have
+    not arrived whole after `body_timeout_s` with 408. Every answer is JSON, errors included."""
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes: {max_body_bytes}; must be >= 1")
+    if body_timeout_s is not None and body_timeout_s <= 0:
+        raise ValueError(f"body_timeout_s: {body_timeout_s}; must be > 0 (or None: no deadline)")
 
     def app(environ, start_response):
         path = environ.get("PATH_INFO", "")
@@ -102,12 +138,16 @@ def create_app(max_body_bytes: int = 1_000_000):
                 if method != "POST":
                     return _respond(start_response, 405, {"error": f"{method} not allowed on {path}"},
                                     [("Allow", "POST")])
-                req_id, task, completions, answers = _parse_score_request(_read_body(environ, max_body_bytes))
+                body = _read_body(environ, max_body_bytes, body_timeout_s)
+                req_id, task, completions, answers = _parse_score_request(body)
                 return _respond(start_response, 200, {"id": req_id, **score(task, completions, answers),
                                                       "pid": os.getpid()})
             return _respond(start_response, 404, {"error": f"no such path: {path}"})
         except _BadRequest as exc:
-            headers = [("Connection", "close")] if exc.status == 413 else None
+            headers = [("Connection", "close")] if exc.status in (408, 413) else None
             return _respond(start_response, exc.status, {"error": exc.message}, headers)
+        except Exception as exc:  # noqa: BLE001 - a JSON 500 (which the client retries), never gunicorn's HTML page
+            return _respond(start_response, 500, {"error": f"internal error: {type(exc).__name__}: {exc}"},
+                            [("Connection", "close")])
 
     return app

@@ -2,20 +2,41 @@
 
     python -m workflow_src.reward.environment --out results/env/reward_environment.json
 
-Run inside that environment: the recorded `python` is the interpreter launches start gunicorn with.
+Run inside that environment: the recorded `python` is the interpreter launches start gunicorn with, relative to
+the checkout when it lies inside it (`.venv/bin/python`), so the record still holds after the checkout moves;
+`python_path` resolves it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 from importlib import metadata
+from pathlib import Path
 
 from ..provenance.atomic import atomic_write_json
 from ..provenance.hashing import sha256_json
 
 PACKAGES = ("gunicorn", "requests", "math-verify", "sympy", "latex2sympy2_extended")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def recorded_python(executable: str = sys.executable) -> str:
+    """The interpreter as recorded: relative to the checkout when inside it (not resolved: a venv's python is
+    a link whose own path selects the venv), else absolute."""
+    path = Path(os.path.abspath(executable))
+    try:
+        return path.relative_to(REPO).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def python_path(recorded: str) -> str:
+    """The interpreter a recorded `python` names, in this checkout."""
+    path = Path(recorded)
+    return str(path if path.is_absolute() else REPO / path)
 
 
 def describe() -> dict:
@@ -25,7 +46,7 @@ def describe() -> dict:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
-    doc = {"python": sys.executable, "python_version": platform.python_version(), "prefix": sys.prefix,
+    doc = {"python": recorded_python(), "python_version": platform.python_version(), "prefix": sys.prefix,
            "packages": versions}
     if versions["gunicorn"] is None:
         raise SystemExit(f"reward environment: gunicorn is not installed for {sys.executable}; "

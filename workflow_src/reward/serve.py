@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..provenance.atomic import atomic_write_json
 from ..provenance.stamp import load_config_section
+from .environment import python_path
 from .service import RewardService, RewardServiceStartError
 
 URL_VARIABLE = "SPEEDPROOF_REWARD_URL"
@@ -85,11 +86,12 @@ def main(argv: list[str] | None = None) -> int:
 
     section = load_config_section(a.reward_section)["value"]
     settings = service_settings(section, a.service)
-    python = a.python or (json.loads(Path(a.python_from).read_text())["python"] if a.python_from else sys.executable)
+    python = a.python or (python_path(json.loads(Path(a.python_from).read_text())["python"]) if a.python_from
+                          else sys.executable)
     svc = RewardService(workers=settings["workers"], threads=settings["threads"],
                         omp_threads=settings.get("omp_threads"), python=python,
-                        max_body_bytes=section.get("max_body_bytes", 1_000_000),
-                        startup_timeout_s=section.get("startup_timeout_s", 60))
+                        max_body_bytes=section["max_body_bytes"], body_timeout_s=section["body_timeout_s"],
+                        startup_timeout_s=section["startup_timeout_s"])
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _raise_stop)
     started = time.time()

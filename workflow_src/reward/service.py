@@ -47,7 +47,8 @@ class RewardService:
 
     def __init__(self, workers: int = 2, threads: int = 2, port: int | None = None, host: str = "127.0.0.1",
                  startup_timeout_s: float = 30.0, stop_timeout_s: float = 10.0, worker_timeout_s: int = 30,
-                 python: str | None = None, omp_threads: int | None = None, max_body_bytes: int = 1_000_000):
+                 python: str | None = None, omp_threads: int | None = None, max_body_bytes: int = 1_000_000,
+                 body_timeout_s: float | None = 5.0):
         if workers < 1 or threads < 1:
             raise ValueError(f"workers={workers}, threads={threads}; both must be >= 1")
         if omp_threads is not None and omp_threads < 1:
@@ -56,6 +57,7 @@ class RewardService:
         self.python = python or sys.executable
         self.omp_threads = omp_threads
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
         self.host = host
         self.port = port
         self.startup_timeout_s = startup_timeout_s
@@ -95,7 +97,8 @@ class RewardService:
                "--worker-class", "gthread" if self.threads > 1 else "sync",
                "--timeout", str(self.worker_timeout_s), "--graceful-timeout", "3",
                "--chdir", str(REPO), "--log-level", "warning",
-               f"workflow_src.reward.app:create_app(max_body_bytes={int(self.max_body_bytes)})"]
+               f"workflow_src.reward.app:create_app(max_body_bytes={int(self.max_body_bytes)}, "
+               f"body_timeout_s={self.body_timeout_s!r})"]
         env = {**os.environ}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
         if self.omp_threads is not None:  # the reference caps each worker's OpenMP/MKL pools

@@ -5,7 +5,8 @@
         --steps N --out DIR [--deterministic] [--switches a,b|none] [--settings-json '{...}']
 
 Writes DIR/steps.jsonl: one line per (step, rank) with seconds, phases, bit-exact check values
-and statistics; step 0 of rank 0 also carries the step-0 evaluation on the fixed prompt fixture.
+and statistics, appended as each step ends; step 0 of rank 0 also carries the step-0 evaluation on the fixed
+prompt fixture.
 Under torchrun every rank trains (FSDP2; gloo on CPU, NCCL with one GPU per rank when rl.device is cuda)
 and rank 0 writes all ranks' lines.
 
@@ -24,7 +25,6 @@ import sys
 from pathlib import Path
 
 from ..progress import progress_bar
-from ..provenance.atomic import atomic_write_text
 from ..provenance.stamp import load_config_section
 from ..reward.serve import URL_VARIABLE
 from .settings import GPU_ONLY, SWITCHES, RLSettings, SettingsError, parse_switches
@@ -58,18 +58,22 @@ def run_identity(rl_cfg: dict, task_spec: dict, manifest: str | None) -> dict:
 
 def write_rank_records(path: Path, impl: str, switches, rank: int, world: int, steps: int, identity: dict,
                        records: list[dict], final: dict) -> None:
-    lines = [{"kind": "meta", "impl": impl, "switches": sorted(switches), "rank": rank, "world": world,
-              "steps": steps, "identity": identity}]
+    # Through the writer external subjects use, so the built-in subject is held to the same contract.
+    from ..protocol.records_writer import RecordWriter
+    writer = RecordWriter(path.parent, impl=impl, identity=identity, steps=steps, rank=rank, world=world,
+                          switches=switches)
+    if writer.path != path:
+        raise ValueError(f"rl: record file {path} is not named rank{rank}.jsonl in its directory")
     for r in records:
         c = r["check"]
         items = {k: c[k] for k in ("loss", "kl", "entropy", "grad_norm", "lr")}
         items.update(rewards=r["samples"]["rewards"], advantages=r["samples"]["advantages"])
         items.update({f"tokens.{k}": v for k, v in c["tokens"].items()})
-        lines.append({"kind": "step", "step": r["step"], "rank": rank, "items": items})
+        writer.step(r["step"], items)
     items = {f"param.{k}": v for k, v in final["parameters"].items()}
     items.update({f"optim.{k}": v for k, v in final["optimizer"].items()})
-    lines.append({"kind": "final", "rank": rank, "items": items})
-    atomic_write_text(path, "".join(json.dumps(x, sort_keys=True) + "\n" for x in lines))
+    writer.final(items)
+    writer.close()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -120,6 +124,10 @@ def main(argv: list[str] | None = None) -> None:
     rank = trainer.rank
     records = []
     identity = run_identity(rl_cfg, task_spec, a.checkpoint_manifest)
+    # Each step's lines are appended as the step ends (rank 0 writes every rank's), so a killed launch leaves the
+    # steps it finished and the launch can name the step it died in.
+    a.out.mkdir(parents=True, exist_ok=True)
+    steps_log = open(a.out / "steps.jsonl", "w", encoding="utf-8") if rank == 0 else None
     try:
         evaluation = trainer.evaluate()
         bar = progress_bar(range(a.steps), desc=f"rl {a.impl}", disable=rank != 0, file=sys.stderr)
@@ -129,28 +137,37 @@ def main(argv: list[str] | None = None) -> None:
             if step == 0 and rank == 0:
                 rec["eval"] = evaluation
             records.append(rec)
+            append_step(steps_log, rec, trainer, dist)
             bar.set_postfix(s=f"{rec['seconds']:.3f}", reward=f"{rec['stats']['reward_mean']:.2f}")
     except RuntimeError as e:
         from ..reward.client import RewardServiceError
         if isinstance(e, RewardServiceError):
-            raise SystemExit(f"rl: step {len(records)}: {e}; nothing was recorded") from None
+            raise SystemExit(f"rl: step {len(records)}: {e}; the steps before it are in {a.out / 'steps.jsonl'}") \
+                from None
         raise
     finally:
         trainer.close()
+        if steps_log is not None:
+            steps_log.close()
     if a.records:
         final = trainer.final_digests()  # every rank takes part: sharded tensors are gathered
         write_rank_records(a.out / f"rank{rank}.jsonl", a.impl, switches, rank, trainer.world, a.steps, identity,
                            records, final)
     if trainer.distributed:
-        gathered = [None] * trainer.world
-        dist.gather_object(records, gathered if rank == 0 else None, dst=0)
-        all_records = [r for part in gathered for r in part] if rank == 0 else []
         dist.destroy_process_group()
+
+
+def append_step(steps_log, rec: dict, trainer, dist) -> None:
+    """One step's line of every rank, appended by rank 0 (after the step's timing, so it costs no step time)."""
+    if trainer.distributed:
+        gathered = [None] * trainer.world
+        dist.gather_object(rec, gathered if trainer.rank == 0 else None, dst=0)
     else:
-        all_records = records
-    if rank == 0:
-        all_records.sort(key=lambda r: (r["step"], r["rank"]))
-        atomic_write_text(a.out / "steps.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in all_records))
+        gathered = [rec]
+    if steps_log is not None:
+        for r in sorted(gathered, key=lambda r: r["rank"]):
+            steps_log.write(json.dumps(r, sort_keys=True) + "\n")
+        steps_log.flush()
 
 
 if __name__ == "__main__":

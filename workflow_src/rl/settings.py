@@ -37,6 +37,17 @@ CONTROLS: dict[str, str] = {
 REWARD_TASKS = ("synthetic_arithmetic", "synthetic_arithmetic_dense")
 
 
+# Settings that choose how the same work is done, so the two sides of a paired comparison may differ in them
+# (speedup.comparisons.*.baseline_settings / optimized_settings). Every other setting changes the work itself
+# (prompts, group sizes, tokens, the optimizer's trajectory): a comparison whose sides differ in one is refused.
+IMPLEMENTATION_SETTINGS: dict[str, str] = {
+    "threads": "CPU threads of the trainer's process",
+    "device": "where the trainer runs (cpu or cuda)",
+    "precision": "compute precision (fp32, or bf16 with fp32 master weights); the bitwise comparison says "
+                 "whether the bits still agree",
+}
+
+
 class SettingsError(ValueError):
     pass
 

@@ -4,8 +4,10 @@ Graders compare canonical strings, not floats: "70", "70.0", "+70" and "$70." ar
 while "70.5" and "71" are not, and nothing depends on float rounding.
 
 - `####` answers (synthetic arithmetic, GSM8K): `extract_hash_answer` (the synthetic task's
-  extractor), `extract_gsm8k_strict` (the first number after the last `####`) and
-  `extract_gsm8k` (lenient: then the last `\boxed{}`, then the last number in the text).
+  extractor), `extract_gsm8k_strict` (the first number after the first `####`, in the completion cut at
+  the first `Question:`, where lm-eval stops a GSM8K generation) and `extract_gsm8k` (lenient: then the
+  last `\boxed{}`, then the last number in the text). A sign set apart by spaces still counts
+  (`#### - 3` is −3).
 - `\boxed{}` answers (MATH): `last_boxed` (brace-matched content of the last `\boxed`/`\fbox`),
   `normalize_math_answer`, `extract_boxed` (strict) and `extract_math` (lenient), and
   `math_equivalent`, which asks math-verify in a worker process with a deadline and falls back
@@ -29,12 +31,33 @@ from pathlib import Path
 
 HASH_MARK = "####"
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)")
+# A sign before an answer's digits, set apart by spaces ("- 3"): still the number's sign.
+_SPACED_SIGN = re.compile(r"^\s*([-+\u2212])\s+(?=\\?\$?\s*[\d.])")
+# Where a GSM8K generation ends: lm-eval stops at "Question:" (a model starting the next few-shot problem;
+# its answers then carry `####` markers of their own). lm-eval also stops at a blank line, which would cut a
+# zero-shot chain of thought before its answer, so only this one applies.
+GSM8K_STOP = ("Question:",)
+
+
+def _close_sign(text: str) -> str:
+    return _SPACED_SIGN.sub(lambda m: m.group(1), text, count=1)
+
+
+def _first_marked_line(text: str) -> str:
+    """What follows the first `####`, up to the line's end or the next `####`."""
+    return text.split(HASH_MARK, 1)[1].split("\n", 1)[0].split(HASH_MARK, 1)[0]
+
+
+def cut_at_stop(text: str, stops: tuple[str, ...] = GSM8K_STOP) -> str:
+    """The completion up to the first stop sequence (all of it when none occurs)."""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=len(text))
+    return text[:cut]
 
 
 def normalize_answer(text: str) -> str:
     """Canonical form of an answer string; non-numbers are only stripped of surrounding space."""
     s = text.strip()
-    candidate = s.replace(",", "").replace("$", "").strip()
+    candidate = _close_sign(s.replace(",", "").replace("$", "").strip())
     if not _NUMBER.fullmatch(candidate):
         return s
     sign = "-" if candidate.startswith("-") else ""
@@ -47,11 +70,11 @@ def normalize_answer(text: str) -> str:
 
 
 def extract_hash_answer(text: str) -> str | None:
-    """The normalized answer after the last `####`, up to the end of that line; None if absent or empty."""
+    """The normalized answer after the first `####`, up to the end of that line (what follows is more
+    generation, not the answer); None if absent or empty."""
     if HASH_MARK not in text:
         return None
-    tail = text.rsplit(HASH_MARK, 1)[1].split("\n", 1)[0]
-    answer = normalize_answer(tail)
+    answer = normalize_answer(_first_marked_line(text))
     return answer or None
 
 
@@ -94,12 +117,14 @@ def last_number(text: str) -> str | None:
 
 
 def extract_gsm8k_strict(text: str) -> str | None:
-    """The answer after the last `####`, up to the end of that line: its first number in canonical
-    form ("#### $1,200." -> "1200", "#### 18 dollars" -> "18"); a line without a number gives its
-    stripped text; None when there is no `####` or nothing after it."""
+    """The answer after the first `####` of the completion cut at `GSM8K_STOP`, up to the end of that line:
+    its first number in canonical form ("#### $1,200." -> "1200", "#### 18 dollars" -> "18",
+    "#### - 3" -> "-3"); a line without a number gives its stripped text; None when there is no `####`
+    or nothing after it."""
+    text = cut_at_stop(text)
     if HASH_MARK not in text:
         return None
-    tail = text.rsplit(HASH_MARK, 1)[1].split("\n", 1)[0]
+    tail = _close_sign(_first_marked_line(text))
     number = first_number(tail)
     if number is not None:
         return number
@@ -112,6 +137,7 @@ def extract_gsm8k(text: str) -> str | None:
     strict = extract_gsm8k_strict(text)
     if strict is not None:
         return strict
+    text = cut_at_stop(text)
     boxed = last_boxed(text)
     if boxed is not None:
         number = first_number(_strip_latex_spacing(boxed))
@@ -190,7 +216,7 @@ _TRAILING_UNIT = re.compile(
 )
 _TEXT_WRAPPER = re.compile(_TEXT_COMMANDS + r"\{([^{}]*)\}")
 _THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d*)?")
-_SIMPLE_LHS = re.compile(r"^[A-Za-z]\s*=\s*(?P<rhs>[^=]+)$")
+_SIMPLE_LHS = re.compile(r"^(?P<lhs>[A-Za-z])\s*=\s*(?P<rhs>[^=]+)$")
 
 
 def normalize_math_answer(text: str) -> str:
@@ -201,8 +227,10 @@ def normalize_math_answer(text: str) -> str:
     after a value ("10\\text{ cm}" -> "10"; other `\\text{X}` becomes X), a trailing `.`, and spaces
     (except the one after a command before a letter: "\\pi r" stays; a comma is followed by one
     space: "(3,4)" -> "(3, 4)"). `\\dfrac`/`\\tfrac` become
-    `\\frac`, `\\frac12` becomes `\\frac{1}{2}`, "1,000" becomes "1000", plain numbers take the
-    canonical form of `normalize_answer` ("5.0" -> "5"), and "x = 5" becomes "5".
+    `\\frac`, `\\frac12` becomes `\\frac{1}{2}`, plain numbers take the canonical form of
+    `normalize_answer` ("5.0" -> "5"), and "x = 5" becomes "5". A number with thousands separators
+    ("1,000", "10,100") stays as written: "10,100" is ten thousand one hundred beside a number and the list
+    10, 100 beside a list, and `math_equivalent` reads it by the other side.
     """
     s = text.strip()
     s = s.replace("\\$", "").replace("$", "")
@@ -225,7 +253,7 @@ def normalize_math_answer(text: str) -> str:
     s = re.sub(r"\\sqrt\s*(\d)", r"\\sqrt{\1}", s)
     s = s.rstrip(".").strip()
     if _THOUSANDS.fullmatch(s):  # before spaces go: "10, 100" is two numbers
-        s = s.replace(",", "")
+        return s.lstrip("+")
     s = re.sub(r"(\\[A-Za-z]+)\s+(?=[A-Za-z])", "\\1\x00", s)  # keep "\pi r" apart
     s = re.sub(r"\s+", "", s).replace("\x00", " ")
     s = s.replace(",", ", ")  # one form for "(3,4)" and "(3, 4)"; keeps "10, 100" a list on re-normalizing
@@ -436,6 +464,22 @@ def _math_verify(gold: str, pred: str, timeout_s: float) -> bool | None:
         pool.release(worker, healthy)
 
 
+def _read_thousands(s: str, other: str) -> str:
+    """A thousands-separated number ("10,100") read as the list it also spells when `other` is a list, else as
+    the number."""
+    if not _THOUSANDS.fullmatch(s):
+        return s
+    if ", " in other or (_THOUSANDS.fullmatch(other) is None and "," in other):
+        return s.replace(",", ", ")
+    return normalize_answer(s.replace(",", ""))
+
+
+def _lhs(text: str) -> str | None:
+    """The variable of a one-letter `x = ...` answer, or None."""
+    m = _SIMPLE_LHS.match(re.sub(r"\s+", "", text.replace("$", "")))
+    return m.group("lhs") if m else None
+
+
 def math_equivalent(got: str | None, answer: str | None, timeout_s: float = MATH_VERIFY_TIMEOUT_S) -> bool:
     """Whether the extracted answer `got` is mathematically equal to the reference `answer`.
 
@@ -452,6 +496,10 @@ def math_equivalent(got: str | None, answer: str | None, timeout_s: float = MATH
         g, a = normalize_math_answer(got), normalize_math_answer(answer)
         if not g or not a:
             return False
+        lhs_g, lhs_a = _lhs(got), _lhs(answer)
+        if lhs_g and lhs_a and lhs_g != lhs_a:  # "y = 3" is not "x = 3" (math-verify agrees)
+            return False
+        g, a = _read_thousands(g, a), _read_thousands(a, g)
         if g == a:
             return True
         if len(g) > MATH_VERIFY_MAX_CHARS or len(a) > MATH_VERIFY_MAX_CHARS:

@@ -1,0 +1,101 @@
+"""Bad configs stop before any job: every problem named by its key path, in one short message."""
+import copy
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO
+from workflow_src.config_checks import ConfigError, check_config, schema_problems
+
+SCHEMA = yaml.safe_load((REPO / "config/schema.yaml").read_text())
+
+
+def filled(overrides: dict) -> dict:
+    """config/config.yaml with `overrides` merged in, validated and filled with the schema's defaults."""
+    from snakemake.utils import update_config, validate
+    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    update_config(cfg, copy.deepcopy(overrides))
+    validate(cfg, str(REPO / "config/schema.yaml"), set_default=True)
+    return cfg
+
+
+def problems(overrides: dict) -> list[str]:
+    try:
+        check_config(filled(overrides), SCHEMA)
+    except ConfigError as e:
+        return e.problems
+    return []
+
+
+def test_the_default_config_has_no_problem():
+    assert problems({}) == []
+
+
+@pytest.mark.parametrize("overrides, key", [
+    ({"checkpoint": {"name": ".."}}, "checkpoint.name"),
+    ({"checkpoint": {"name": "."}}, "checkpoint.name"),
+    ({"checkpoint": {"name": "../escape"}}, "checkpoint.name"),
+    ({"experiment": ".."}, "experiment"),
+    ({"experiment": "a/b"}, "experiment"),
+    ({"speedup": {"comparisons": {"..": {"subject": "rl"}}}}, "speedup.comparisons"),
+])
+def test_names_that_would_leave_results_are_refused(overrides, key):
+    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    cfg.update(overrides)
+    found = schema_problems(cfg, SCHEMA)
+    assert found and all(p.startswith(key) for p in found), found
+
+
+def test_an_unknown_key_is_one_short_line():
+    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    cfg["speedup"] = {"comparisons": {"full": {"subject": "rl", "baseline_setings": {}}}}
+    assert schema_problems(cfg, SCHEMA) == [
+        "speedup.comparisons.full: Additional properties are not allowed ('baseline_setings' was unexpected)"]
+
+
+def test_cross_field_problems_are_named_by_key_path():
+    found = problems({
+        "randopt": {"population": 16, "ks": [4, 32], "vote": {"headline_k": 5}},
+        "speedup": {"windows": 10**6, "window_steps": 10**6,
+                    "comparisons": {"full": {"subject": "rl", "baseline_settings": {"group_size": 4, "nosuch": 1,
+                                                                                     "threads": 1},
+                                             "optimized_settings": {"threads": 2}}}},
+    })
+    text = "\n".join(found)
+    assert "randopt.ks: [32] larger than randopt.population (16)" in text and "randopt.cap_ks" in text
+    assert "randopt.vote.headline_k: 5 is not among the sweep's Ks" in text
+    assert "more than speedup.max_steps" in text
+    assert "speedup.comparisons.full.baseline_settings.nosuch: not an rl setting" in text
+    assert "baseline_settings.group_size = 4 but optimized_settings.group_size" in text
+    assert "threads" not in text.split("group_size")[0]          # an implementation setting may differ
+    assert len(found) == 5
+
+
+def test_comparison_settings_are_checked_against_the_rl_schema():
+    found = problems({"speedup": {"comparisons": {"full": {
+        "subject": "rl", "baseline_settings": {"threads": "two"}, "optimized_settings": {"threads": 0}}}}})
+    assert any(p.startswith("speedup.comparisons.full.baseline_settings.threads: 'two' is not of type")
+               for p in found), found
+    assert any(p.startswith("speedup.comparisons.full.optimized_settings.threads: 0 is less than") for p in found)
+
+
+def test_a_capped_k_is_allowed_when_asked_for():
+    assert problems({"randopt": {"population": 16, "ks": [4, 32], "cap_ks": True}}) == []
+
+
+def test_a_dry_run_stops_before_any_job_with_every_problem(tmp_path):
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({
+        "randopt": {"ks": [4, 8, 16], "vote": {"headline_k": 12}},
+        "speedup": {"comparisons": {"full": {"subject": "rl", "optimized_settings": {"max_new_tokens": 3}}}},
+        "bitwise": {"reference": "nosuch"},
+    }))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
+                           str(tmp_path), "--configfile", str(tmp_path / "config.yaml"), "-n", "--cores", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    err = proc.stdout + proc.stderr
+    assert "randopt.vote.headline_k: 12" in err and "optimized_settings.max_new_tokens = 3" in err
+    assert "bitwise.reference: 'nosuch' is not a run in bitwise.runs" in err
+    assert "KeyError" not in err and "Job stats" not in err and not (tmp_path / "results").exists()

@@ -1,0 +1,139 @@
+"""Cross-field checks of the validated config, run by the Snakefile before any job is planned.
+
+JSON Schema checks each value on its own; what it cannot say (a value that must name another entry, two
+sides of a comparison that must do the same work) is checked here. Every problem names its key path, and all
+of them are reported at once. The Snakefile runs `schema_problems` first (short lines instead of Snakemake's
+dump of the whole schema), then Snakemake's validation (which fills the defaults), then `check_config`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """One or more cross-field problems; the message lists each with its key path."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("config: " + ("; ".join(problems) if len(problems) == 1 else
+                                        f"{len(problems)} problems:\n  - " + "\n  - ".join(problems)))
+
+
+def schema_problems(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
+    """One short line per schema violation, named by key path (Snakemake's own message dumps the whole schema)."""
+    import jsonschema
+
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    problems = []
+    for error in sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path]):
+        path = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+        message = error.message if len(error.message) <= 300 else error.message[:297] + "..."
+        problems.append(f"{path}: {message}")
+    return problems
+
+
+def speedup_problems(config: dict[str, Any], schema: dict[str, Any] | None = None) -> list[str]:
+    """Each comparison's subject can run, its reward services exist, its rl settings are rl settings (of the
+    rl schema's types, given the schema), and its two sides do the same work."""
+    from .rl.settings import IMPLEMENTATION_SETTINGS, RLSettings
+
+    rl_schema = (schema or {}).get("properties", {}).get("rl")
+
+    speedup = config["speedup"]
+    rl_names = set(RLSettings.__dataclass_fields__)
+    problems = []
+    steps = speedup["warmup"] + speedup["windows"] * speedup["window_steps"]
+    if steps > speedup["max_steps"]:
+        problems.append(f"speedup: warmup + windows × window_steps = {steps} steps per launch, more than "
+                        f"speedup.max_steps ({speedup['max_steps']}); lower them or raise speedup.max_steps")
+    for exp, comp in sorted(speedup["comparisons"].items()):
+        where = f"speedup.comparisons.{exp}"
+        if comp["subject"] == "external":
+            for side in ("baseline", "optimized"):
+                if not speedup["external"].get(side):
+                    problems.append(f"{where} uses subject external but speedup.external.{side} (the subject's "
+                                    "shell command) is not set")
+            for key in ("baseline_settings", "optimized_settings", "baseline_reward_service",
+                        "optimized_reward_service"):
+                if comp.get(key):
+                    problems.append(f"{where}.{key}: only the rl subject takes it")
+            continue
+        for side in ("baseline", "optimized"):
+            service = comp.get(f"{side}_reward_service")
+            if service is not None and service not in config["reward"]["services"]:
+                problems.append(f"{where}.{side}_reward_service: {service!r} is not in reward.services (known: "
+                                f"{', '.join(sorted(config['reward']['services']))})")
+            for key in sorted(set(comp[f"{side}_settings"]) - rl_names):
+                hint = (" (set it on the comparison, or rl.nproc / rl.nnodes for every launch)"
+                        if key in ("switches", "nproc", "nnodes") else "")
+                problems.append(f"{where}.{side}_settings.{key}: not an rl setting{hint} (known: "
+                                f"{', '.join(sorted(rl_names))})")
+            if rl_schema is not None:
+                known = {k: v for k, v in comp[f"{side}_settings"].items() if k in rl_names}
+                section = {"type": "object", "properties": rl_schema.get("properties", {})}
+                problems += [f"{where}.{side}_settings.{p}" for p in schema_problems(known, section)]
+        base, opt = comp["baseline_settings"], comp["optimized_settings"]
+        for key in sorted((set(base) | set(opt)) & rl_names - set(IMPLEMENTATION_SETTINGS)):
+            b, o = base.get(key, config["rl"].get(key)), opt.get(key, config["rl"].get(key))
+            if b != o:
+                problems.append(f"{where}: baseline_settings.{key} = {b!r} but optimized_settings.{key} = {o!r}; "
+                                f"{key} changes the work, not the implementation, so the two sides would not "
+                                f"do the same work (sides may differ only in {', '.join(sorted(IMPLEMENTATION_SETTINGS))})")
+    return problems
+
+
+def randopt_problems(config: dict[str, Any]) -> list[str]:
+    """The vote's Ks fit the population, and the headline K is one of the sweep's."""
+    import math
+    randopt = config["randopt"]
+    n = randopt["population"]
+    problems = []
+    too_large = sorted(k for k in randopt["ks"] if k > n)
+    if too_large and not randopt["cap_ks"]:
+        problems.append(f"randopt.ks: {too_large} larger than randopt.population ({n}); lower them, or set "
+                        "randopt.cap_ks: true to cap them at the population (the record then warns)")
+    headline = randopt["vote"]["headline_k"]
+    sweep = set(randopt["ks"]) | {max(1, math.ceil(r * n - 1e-9)) for r in randopt["k_ratios"]}
+    if headline is not None and headline not in sweep:
+        problems.append(f"randopt.vote.headline_k: {headline} is not among the sweep's Ks {sorted(sweep)} "
+                        "(randopt.ks and ceil(ratio · population) of randopt.k_ratios)")
+    return problems
+
+
+def bitwise_problems(config: dict[str, Any]) -> list[str]:
+    """The reference is a configured run of the same subject as every other run; each external run has a
+    command (its own or speedup.external's of its side) and no rl run has one."""
+    bitwise = config.get("bitwise", {})
+    runs = bitwise.get("runs", {})
+    external = config.get("speedup", {}).get("external", {})
+    problems = []
+    reference = bitwise.get("reference", "baseline")
+    if reference not in runs:
+        problems.append(f"bitwise.reference: {reference!r} is not a run in bitwise.runs (known: "
+                        f"{', '.join(sorted(runs)) or 'none'})")
+    ref_subject = runs.get(reference, {}).get("subject", "rl")
+    for name, run in sorted(runs.items()):
+        where = f"bitwise.runs.{name}"
+        subject = run.get("subject", "rl")
+        if subject == "external":
+            side = run.get("impl")
+            if not run.get("command") and not external.get(side):
+                problems.append(f"{where}: an external run needs a shell command: set {where}.command, or "
+                                f"speedup.external.{side} (the default of a run with impl {side})")
+        elif run.get("command"):
+            problems.append(f"{where}.command: only external runs take a command ({where}.subject is {subject}, "
+                            "which runs python -m workflow_src.rl)")
+        if reference in runs and name != reference and subject != ref_subject:
+            problems.append(f"{where}.subject is {subject} but the reference bitwise.runs.{reference} is "
+                            f"{ref_subject}: records of different subjects are never bit-comparable (run the "
+                            "other subject's runs in a config of their own, with a reference of that subject)")
+    return problems
+
+
+def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -> None:
+    """Raise ConfigError naming every cross-field problem (after schema validation filled the defaults). With
+    the schema, a comparison's rl settings are also checked against the `rl` section's own schema."""
+    problems = speedup_problems(config, schema) + bitwise_problems(config) + randopt_problems(config)
+    if problems:
+        raise ConfigError(problems)
