@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..processes import stop_process
 from ..provenance.atomic import atomic_directory
 from .bitwise import BitwiseError, load_run
 
@@ -39,13 +40,7 @@ def run_command(command: str, steps: int, staging: Path) -> int:
     try:
         return proc.wait()
     finally:
-        if proc.poll() is None:  # we were interrupted: the command must not outlive its job
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)  # when we were interrupted: the command must not outlive its job
 
 
 def check_records(staging: Path, out: Path, steps: int, name: str) -> None:

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..processes import stop_process
 from ..provenance.atomic import atomic_directory, atomic_write_json
 from ..provenance.hashing import sha256_file
 from ..provenance.stamp import provenance
@@ -153,13 +154,7 @@ def run_subject(command: str, staging: Path, env: dict[str, str], timeout_s: flo
                 rc = None
             end = time_point()
         finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc)
         pump.join(timeout=30)
     return rc, start, end
 

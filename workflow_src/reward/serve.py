@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..processes import stop_process
 from ..provenance.atomic import atomic_write_json
 from ..provenance.stamp import load_config_section
 from .environment import python_path
@@ -116,13 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         rc = 128 + stop.signum
         return rc
     finally:
-        if child is not None and child.poll() is None:
-            child.terminate()
-            try:
-                child.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        if child is not None:
+            stop_process(child, grace_s=30)
         url = svc.url if svc.port is not None else None
         svc.stop()
         if a.record:
