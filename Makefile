@@ -1,6 +1,6 @@
 # The project's whole setup: a virtual environment built from the pinned requirements.
 # `make run` runs the workflow on the embedded default and writes the report;
-# `make test` runs the test suite (what .ci/run calls).
+# `make test` runs the test suite, `make lint` the lints (.ci/run runs both).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -45,8 +45,12 @@ vllm-gpu-env: envs/vllm-gpu/requirements.txt
 	$(VLLM_VENV)/bin/python -m pip install -q -r envs/vllm-gpu/requirements.txt
 	touch $(VLLM_VENV)/.installed
 
+# What CI checks before the tests (.ci/run): the workflow's own lints, ruff, and the import layers
+# (pyproject.toml's import-linter contracts; tests/test_architecture.py runs them too).
 lint: $(STAMP)
 	snakemake --lint
+	ruff check .
+	lint-imports
 
 clean-results:
 	rm -rf results .snakemake

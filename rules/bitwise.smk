@@ -18,7 +18,7 @@ rule deterministic_run:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.protocol.deterministic_run --run {wildcards.run} --command {params.command:q}"
+        "python -m workflow_src.bitwise.deterministic_run --run {wildcards.run} --command {params.command:q}"
         " --steps {params.steps} --out {output} > {log} 2>&1"
 
 
@@ -35,14 +35,14 @@ rule bitwise_compare:
             labels={"candidate": "{run}", "figure": "items × steps"},
         ),
     params:
-        expect=lambda w: bitwise_runs()[w.run].get("expect", "pass"),
+        expect=lambda w: bitwise_runs()[w.run]["expect"],
         flags=bitwise_compare_flags,
     log:
         "results/logs/bitwise/{exp}/compare_{run}.log",
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.protocol.bitwise --reference {input.reference} --candidate {input.candidate}"
+        "python -m workflow_src.bitwise.compare --reference {input.reference} --candidate {input.candidate}"
         " --label {wildcards.run} --expect {params.expect} --out-json {output.json} --out-csv {output.csv}"
         " --out-html {output.html} --config-sections {input.sections} --environment {input.environment}"
         " {params.flags} 2> {log}"
@@ -67,5 +67,5 @@ rule bitwise_summary:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.protocol.bitwise_summary --comparisons {input} --subjects {params.subjects}"
+        "python -m workflow_src.bitwise.summary --comparisons {input} --subjects {params.subjects}"
         " --out-json {output.json} --out-csv {output.csv} --out-html {output.html} 2> {log}"

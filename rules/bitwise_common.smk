@@ -1,4 +1,4 @@
-# Helpers of the bitwise rules (DESIGN §6, docs/bitwise.md). Include after rules/speedup_common.smk.
+# Helpers of the bitwise rules (docs/design.md §6, docs/bitwise.md). Include after rules/speedup_common.smk.
 import shlex
 
 
@@ -17,7 +17,7 @@ def bitwise_candidates():
 
 
 def bitwise_subject(name):
-    return bitwise_runs()[name].get("subject", "rl")
+    return bitwise_runs()[name]["subject"]
 
 
 def bitwise_command_from_speedup(name):
@@ -68,9 +68,9 @@ def bitwise_command(wildcards, input):
     if bitwise_subject(name) == "external":
         tail = " --switches " + " ".join(shlex.quote(s) for s in switches) if switches else ""
         return bitwise_external_command(name) + tail
-    impl = run.get("impl", "optimized")
+    impl = run["impl"]
     record = '"$SPEEDPROOF_OUT/reward_service.json"'
-    parts = [reward_serve_prefix(reward_service_name(), record), rl_launcher(), "-m", "workflow_src.rl",
+    parts = [reward_serve_prefix(reward_service_name(), record), rl_launcher(), "-m", "workflow_src.subjects.rl",
              "--impl", impl, "--checkpoint", input.checkpoint, "--rl-section", input.rl, "--task-section", input.task,
              "--reward-section", input.reward, "--records", "--checkpoint-manifest", f"{input.checkpoint}/MANIFEST.json"]
     if impl == "optimized" and switches is not None:

@@ -28,10 +28,10 @@ def rl_world():
 
 
 def rl_launcher():
-    """What runs `-m workflow_src.rl ...`: python for one rank, else the ranks CLI (torchrun per node)."""
+    """What runs `-m workflow_src.subjects.rl ...`: python for one rank, else the ranks CLI (torchrun per node)."""
     if rl_world() == 1:
         return "python"
-    return (f"python -m workflow_src.protocol.ranks --nnodes {config['rl']['nnodes']}"
+    return (f"python -m workflow_src.ranks --nnodes {config['rl']['nnodes']}"
             f" --nproc-per-node {config['rl']['nproc']} --")
 
 
@@ -71,7 +71,7 @@ def randopt_evidence_outputs():
 def experiment_sections():
     """Every config section file the experiment's outputs were made from."""
     sections = [section_file("environment")] + checkpoint_sections()
-    for exp in sorted(speedup_config().get("comparisons", {})):
+    for exp in sorted(speedup_config()["comparisons"]):
         sections += speedup_sections(exp)
     sections += [section_file("bitwise.steps")] + [section_file(f"bitwise.runs.{r}") for r in sorted(bitwise_runs())]
     sections += [section_file("reward"), section_file("heldout_text"), section_file("operators")] + randopt_sections()

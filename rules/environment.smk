@@ -15,4 +15,6 @@ rule environment:
         "../envs/speedproof.yaml"
     shell:
         "python -m workflow_src.provenance.environment --config-section {input}"
-        " --out {output.json} --summary {output.summary} 2> {log}"
+        " --out {output.json} 2> {log}"
+        " && python -m workflow_src.report.environment_summary --environment {output.json}"
+        " --out {output.summary} 2>> {log}"

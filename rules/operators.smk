@@ -1,4 +1,4 @@
-# Operator checks (DESIGN §6): every operator of the fast paths against its reference, bit for bit.
+# Operator checks (docs/design.md §6): every operator of the fast paths against its reference, bit for bit.
 rule operator_checks:
     input:
         environment="results/env/environment.json",
@@ -21,6 +21,6 @@ rule operator_checks:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.kernels.receipt --scale {params.scale} --device {params.device}"
+        "python -m workflow_src.bitwise.operator_receipt --scale {params.scale} --device {params.device}"
         " --environment {input.environment}"
         " --out {output.json} --html {output.html} 2> {log}"

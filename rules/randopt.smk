@@ -1,4 +1,4 @@
-# RandOpt (DESIGN §7, docs/randopt.md): base → population shards (scatter/gather) → top-K answers → vote,
+# RandOpt (docs/design.md §7, docs/randopt.md): base → population shards (scatter/gather) → top-K answers → vote,
 # probes, bits-per-byte, per-σ statistics → record + records table, plots. Model-side jobs take the `gpu`
 # token, so none runs beside a timed launch or another model job.
 rule heldout_text:

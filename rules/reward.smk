@@ -1,5 +1,5 @@
 # The reward service's environment (docs/reward-service.md). Launches start the service themselves
-# (python -m workflow_src.reward.serve wraps the rl command), with the interpreter recorded here.
+# (python -m workflow_src.subjects.reward.serve wraps the rl command), with the interpreter recorded here.
 rule reward_environment:
     output:
         "results/env/reward_environment.json",
@@ -8,4 +8,4 @@ rule reward_environment:
     conda:
         "../envs/reward.yaml"
     shell:
-        "python -m workflow_src.reward.environment --out {output} 2> {log}"
+        "python -m workflow_src.subjects.reward.environment --out {output} 2> {log}"

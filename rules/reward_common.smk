@@ -17,6 +17,6 @@ def reward_service_name(exp=None, side=None):
 
 
 def reward_serve_prefix(service, record):
-    """`python -m workflow_src.reward.serve ... --`: the rl command after it gets a service of its own."""
-    return (f"python -m workflow_src.reward.serve --reward-section {section_file('reward')} --service {service}"
+    """`python -m workflow_src.subjects.reward.serve ... --`: the rl command after it gets a service of its own."""
+    return (f"python -m workflow_src.subjects.reward.serve --reward-section {section_file('reward')} --service {service}"
             f" --python-from results/env/reward_environment.json --record {record} --")

@@ -1,4 +1,4 @@
-# Paired speedup (DESIGN §5): launches A (baseline) → opt (optimized) → B (baseline), speedup.repeats triples
+# Paired speedup (docs/design.md §5): launches A (baseline) → opt (optimized) → B (baseline), speedup.repeats triples
 # of them one after the other, then the table. Helpers live in rules/speedup_common.smk. Each launch takes the
 # whole machine: all cores and the single `gpu` token the profile declares, so nothing else is scheduled beside a
 # timed launch.
@@ -22,7 +22,7 @@ rule speedup_launch:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.protocol.launch {params.flags} --steps {params.steps}"
+        "python -m workflow_src.speedup.launch {params.flags} --steps {params.steps}"
         " --command {params.command:q} --out-dir {output} --environment {input.environment}"
         " --config-sections {input.sections} > {log} 2>&1"
 
@@ -73,7 +73,7 @@ rule paired_speedup:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.protocol.paired --exp {wildcards.exp}"
+        "python -m workflow_src.speedup.paired --exp {wildcards.exp}"
         " {params.launches}"
         " --warmup {params.warmup} --windows {params.windows} --window-steps {params.window_steps}"
         " --out-json {output.json} --out-csv {output.csv} --out-html {output.html}"

@@ -1,9 +1,9 @@
-# Helpers of the paired speedup rules (DESIGN §5; rules/speedup.smk, docs/protocol.md).
+# Helpers of the paired speedup rules (docs/design.md §5; rules/speedup.smk, docs/protocol.md).
 # Include after rules/common.smk (uses MODEL and section_file) and before rules/speedup.smk.
 import json
 import shlex
 
-from workflow_src.protocol import LAUNCHES, PREDECESSOR, launch_name, parse_launch_name
+from workflow_src.speedup import LAUNCHES, PREDECESSOR, launch_name, parse_launch_name
 
 # Which side of a comparison each launch role runs.
 SPEEDUP_SIDE = {"A": "baseline", "opt": "optimized", "B": "baseline"}
@@ -80,7 +80,7 @@ def speedup_command(exp, launch):
     if subject == "rl":
         settings = json.dumps(comp[f"{side}_settings"], sort_keys=True)
         serve = reward_serve_prefix(reward_service_name(exp, side), '"$SPEEDPROOF_OUT/reward_service.json"')
-        return (f"{serve} {rl_launcher()} -m workflow_src.rl --impl {side} --checkpoint results/checkpoints/{MODEL}"
+        return (f"{serve} {rl_launcher()} -m workflow_src.subjects.rl --impl {side} --checkpoint results/checkpoints/{MODEL}"
                 f" --rl-section {section_file('rl')} --task-section {section_file('task.synthetic_arithmetic')}"
                 f" --reward-section {section_file('reward')}"
                 f" --settings-json {shlex.quote(settings)}{tail}")
@@ -159,7 +159,7 @@ def speedup_bitwise_run(exp):
     subject = speedup_subject(exp)
     optimized_command = speedup_config()["external"].get("optimized")
     for name, run in sorted(config["bitwise"]["runs"].items()):
-        if (run.get("subject", "rl"), run.get("impl"), run.get("expect", "pass")) != (subject, "optimized", "pass"):
+        if (run["subject"], run["impl"], run["expect"]) != (subject, "optimized", "pass"):
             continue
         switches = run.get("switches")
         if subject == "rl":
@@ -182,9 +182,8 @@ def speedup_paired_launch_args(wildcards, input):
 
 def speedup_paired_flags(wildcards, input):
     s = speedup_config()
-    flags = [f"--noise-warn {s['noise_warn']!r}"]
-    if s["max_gap_s"] is not None:
-        flags.append(f"--max-gap-s {s['max_gap_s']!r}")
+    max_gap_s = 0 if s["max_gap_s"] is None else s["max_gap_s"]  # the CLI's "no limit"
+    flags = [f"--noise-warn {s['noise_warn']!r}", f"--max-gap-s {max_gap_s!r}"]
     if speedup_uses_checkpoint(wildcards.exp):
         flags.append(f"--checkpoint-manifest {shlex.quote(f'{input.checkpoint}/MANIFEST.json')}")
     if "bitwise" in input.keys():

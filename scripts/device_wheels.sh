@@ -6,8 +6,8 @@
 #
 # Fills .whl/ (git-ignored) with exactly the wheels the device host (Python 3.12, x86-64, manylinux;
 # torch, transformers, numpy, pandas, ... already installed, nothing downloadable) lacks to run
-# `snakemake` on this workflow: snakemake and everything it needs, gunicorn (reward service) and
-# jsonschema, at the versions of requirements-lock.txt. The set is derived from the wheels' own
+# `snakemake` on this workflow: snakemake and everything it needs, gunicorn (reward service),
+# jsonschema, tenacity (the reward client's retries) and pebble (math-verify's workers), at the versions of requirements-lock.txt. The set is derived from the wheels' own
 # Requires-Dist, recursively (extras skipped, markers evaluated for CPython 3.12 on Linux x86-64),
 # leaving out every package the host image already has (HOST_PACKAGES below, from the device
 # tool's KINDS.md, "Python packages already there"). Binary wheels are the cp312 manylinux ones.
@@ -19,7 +19,7 @@ PY=${PYTHON:-python3}
 DEST=.whl
 LOCK=requirements-lock.txt
 # What the workflow itself needs on the host beyond what is there; the rest follows from metadata.
-ROOTS=(snakemake gunicorn jsonschema)
+ROOTS=(snakemake gunicorn jsonschema tenacity pebble)
 
 # The device image's packages (KINDS.md, read 2026-11-17): used as they are, never carried.
 HOST_PACKAGES="absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs

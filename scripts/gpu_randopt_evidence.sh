@@ -33,15 +33,15 @@ for stage in "$@"; do
   {
   case "$stage" in
     switch)
-      python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_perturb_kernel.py tests/test_randopt_model.py 2>&1 \
+      python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_perturb.py tests/test_randopt_model.py 2>&1 \
         | tail -n 15
-      python3 -m workflow_src.kernels.bench_perturb --repeats 20 --out "$out/perturb.json" ;;
+      python3 -m workflow_src.bench.perturb --repeats 20 --out "$out/perturb.json" ;;
     kernels)
       python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode_attention.py tests/test_static_engine.py \
-        tests/test_fused_rmsnorm.py 2>&1 | tail -n 15
-      python3 -m workflow_src.kernels.bench_decode_attention --shape "$shape" --out "$out/attn.json"
-      python3 -m workflow_src.kernels.check_rmsnorm_gpu --out "$out/rmsnorm.json" | tail -n 30
-      python3 -m workflow_src.kernels.receipt --scale real --device cuda --out "$out/receipt.json" | tail -n 5 ;;
+        tests/test_rmsnorm.py 2>&1 | tail -n 15
+      python3 -m workflow_src.bench.decode_attention --shape "$shape" --out "$out/attn.json"
+      python3 -m workflow_src.bench.rmsnorm_check --out "$out/rmsnorm.json" | tail -n 30
+      python3 -m workflow_src.bitwise.operator_receipt --scale real --device cuda --out "$out/receipt.json" | tail -n 5 ;;
     engine)
       engines=(hf static)
       if [ -f "$out/attn.json" ]; then  # the two fastest launches that are not the default
@@ -52,10 +52,10 @@ default = "/".join(str(v) for v in dataclasses.astuple(DEFAULT_LAUNCH))
 print("\n".join([r["launch"] for r in json.load(open(sys.argv[1]))["ranking"] if r["launch"] != default][:2]))' \
           "$out/attn.json")
       fi
-      python3 -m workflow_src.engine.bench --shapes "$shape" --engines "${engines[@]}" --seeds "$seeds" \
+      python3 -m workflow_src.bench.engine --shapes "$shape" --engines "${engines[@]}" --seeds "$seeds" \
         --out "$out/engine.json" ;;
     steps)
-      python3 -m workflow_src.engine.decode_steps --shape "$shape" --variants plain fused+packed+triton \
+      python3 -m workflow_src.bench.decode_steps --shape "$shape" --variants plain fused+packed+triton \
         --out "$out/steps.json" ;;
     workflow)
       if [ -d .whl ] && ! python3 -c "import snakemake" 2>/dev/null; then

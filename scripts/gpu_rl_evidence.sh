@@ -52,7 +52,7 @@ for stage in "$@"; do
     check)
       rm -f "$out/switches.json"
       smk results/config/rl.json results/config/task.synthetic_arithmetic.json "results/checkpoints/$model"
-      python3 -m workflow_src.rl.switch_check --checkpoint "results/checkpoints/$model" \
+      python3 -m workflow_src.subjects.rl.switch_check --checkpoint "results/checkpoints/$model" \
         --rl-section results/config/rl.json --task-section results/config/task.synthetic_arithmetic.json \
         --steps 2 ${candidates:+--candidates "$candidates" --overlay "$out/switches.json"} \
         --out "$out/switch_check.json" ;;

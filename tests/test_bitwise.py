@@ -1,16 +1,16 @@
-"""The deterministic bitwise comparison (DESIGN §6) on synthetic rank record files."""
+"""The deterministic bitwise comparison (docs/design.md §6) on synthetic rank record files."""
 import copy
-import hashlib
 import csv
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import run_module
-from workflow_src.protocol.bitwise import BitwiseError, compare, load_run
-from workflow_src.protocol.digest import scalar_hex, tensor_digest
+
+from workflow_src.bitwise.compare import BitwiseError, compare, load_run
+from workflow_src.bitwise.digest import scalar_hex, tensor_digest
 
 STEPS, WORLD = 14, 2
 IDENTITY = {"config_sha256": "c" * 64, "checkpoint_manifest_sha256": "d" * 64, "seed": 0, "task_sha256": "e" * 64}
@@ -265,7 +265,7 @@ def test_a_run_is_not_compared_with_itself(runs):
 def cli(ref, cand, out: Path, *extra, check=False):
     args = ["--reference", str(ref), "--candidate", str(cand), "--out-json", str(out / "comparison.json"),
             "--out-csv", str(out / "comparison.csv"), "--out-html", str(out / "comparison.html"), *extra]
-    return run_module("workflow_src.protocol.bitwise", *args, check=check)
+    return run_module("workflow_src.bitwise.compare", *args, check=check)
 
 
 def test_cli_pass_writes_json_csv_html(runs):
@@ -357,14 +357,14 @@ def compared(runs):
         args = ["--reference", str(ref), "--candidate", str(cand_dir), "--label", label, "--expect", expect,
                 "--out-json", str(out / f"{label}.json"), "--out-csv", str(out / f"{label}.csv"),
                 "--out-html", str(out / f"{label}.html")]
-        proc = run_module("workflow_src.protocol.bitwise", *args, check=False)
+        proc = run_module("workflow_src.bitwise.compare", *args, check=False)
         assert proc.returncode == (1 if label == "missed" else 0), proc.stderr
         paths[label] = out / f"{label}.json"
     return paths
 
 
 def test_a_pass_counts_only_with_a_detected_control_of_its_subject(compared):
-    from workflow_src.protocol.bitwise_summary import summarize
+    from workflow_src.bitwise.summary import summarize
     doc = summarize([compared["optimized"], compared["control"]], {"optimized": "external", "control": "external"})
     rows = {r["candidate"]: r for r in doc["comparisons"]}
     assert rows["optimized"]["counts"] is True and rows["control"]["counts"] is False  # a control never counts
@@ -392,7 +392,7 @@ def test_a_pass_counts_only_with_a_detected_control_of_its_subject(compared):
 
 def test_summary_cli_shows_counts_controls_and_warnings(compared, tmp_path):
     out = tmp_path / "summary"
-    proc = run_module("workflow_src.protocol.bitwise_summary", "--comparisons", str(compared["optimized"]),
+    proc = run_module("workflow_src.bitwise.summary", "--comparisons", str(compared["optimized"]),
                       "--subjects", "optimized=external", "--out-json", str(out / "comparison.json"),
                       "--out-csv", str(out / "comparison.csv"), "--out-html", str(out / "summary.html"))
     warning = "no negative control (expect: fail) for subject external: no comparison of subject external counts"
@@ -402,7 +402,7 @@ def test_summary_cli_shows_counts_controls_and_warnings(compared, tmp_path):
     assert "<th>counts</th>" in page and "<td>external</td>" in page
     rows = list(csv.DictReader((out / "comparison.csv").open()))
     assert (rows[0]["candidate"], rows[0]["pass"], rows[0]["counts"]) == ("optimized", "pass", "no")
-    proc = run_module("workflow_src.protocol.bitwise_summary", "--comparisons", str(compared["optimized"]),
+    proc = run_module("workflow_src.bitwise.summary", "--comparisons", str(compared["optimized"]),
                       str(compared["control"]), "--out-json", str(out / "2.json"), "--out-csv", str(out / "2.csv"),
                       "--out-html", str(out / "2.html"))
     assert "WARNING" not in proc.stderr and "control — detected" in (out / "2.html").read_text()
@@ -410,8 +410,8 @@ def test_summary_cli_shows_counts_controls_and_warnings(compared, tmp_path):
 
 
 def test_speedup_headline_counts_only_bit_exact_switches_with_a_detected_control(compared, tmp_path):
-    from workflow_src.protocol.bitwise_summary import summarize
-    from workflow_src.protocol.paired import PairedError, bitwise_verdict
+    from workflow_src.bitwise.summary import summarize
+    from workflow_src.speedup.paired import PairedError, bitwise_verdict
 
     def summary(*labels, **subjects):
         path = tmp_path / f"summary_{'_'.join(labels)}.json"

@@ -3,9 +3,10 @@ import copy
 
 import pytest
 import yaml
-
 from conftest import REPO
+
 from workflow_src.config_checks import ConfigError, bitwise_problems, check_config
+from workflow_src.config_schema import resolve
 
 TRAINER = "python tests/data/subjects/tiny_trainer.py"
 EXTERNAL = {
@@ -23,6 +24,11 @@ RL = {"speedup": {"comparisons": {}, "external": {}},
           "control": {"impl": "optimized", "switches": ["control_reduction_order"], "expect": "fail"}}}}
 
 
+def problems(config):
+    """bitwise_problems on the two sections as the Snakefile hands them over: schema defaults filled in."""
+    return bitwise_problems({section: resolve(section, config[section]) for section in ("speedup", "bitwise")})
+
+
 def changed(config, edit):
     config = copy.deepcopy(config)
     edit(config)
@@ -30,36 +36,36 @@ def changed(config, edit):
 
 
 def test_good_configs_have_no_problems():
-    assert bitwise_problems(EXTERNAL) == []
-    assert bitwise_problems(RL) == []
+    assert problems(EXTERNAL) == []
+    assert problems(RL) == []
 
 
 def test_reference_must_be_a_run():
     cfg = changed(EXTERNAL, lambda c: c["bitwise"].update(reference="base"))
-    assert bitwise_problems(cfg) == ["bitwise.reference: 'base' is not a run in bitwise.runs (known: baseline, "
+    assert problems(cfg) == ["bitwise.reference: 'base' is not a run in bitwise.runs (known: baseline, "
                                      "control, optimized)"]
 
 
 def test_external_run_needs_a_command():
     cfg = changed(EXTERNAL, lambda c: c["speedup"]["external"].pop("optimized"))
-    assert bitwise_problems(cfg) == [
+    assert problems(cfg) == [
         "bitwise.runs.optimized: an external run needs a shell command: set bitwise.runs.optimized.command, or "
         "speedup.external.optimized (the default of a run with impl optimized)"]
     # the control brings its own command, so only the run that would fall back on the missing one is named
     cfg["bitwise"]["runs"]["optimized"]["command"] = f"{TRAINER} --impl optimized"
-    assert bitwise_problems(cfg) == []
+    assert problems(cfg) == []
 
 
 def test_rl_run_takes_no_command():
     cfg = changed(RL, lambda c: c["bitwise"]["runs"]["optimized"].update(command="python train.py"))
-    assert bitwise_problems(cfg) == ["bitwise.runs.optimized.command: only external runs take a command "
-                                     "(bitwise.runs.optimized.subject is rl, which runs python -m workflow_src.rl)"]
+    assert problems(cfg) == ["bitwise.runs.optimized.command: only external runs take a command "
+                                     "(bitwise.runs.optimized.subject is rl, which runs python -m workflow_src.subjects.rl)"]
 
 
 def test_runs_of_another_subject_than_the_reference_are_refused():
     cfg = changed(RL, lambda c: c["bitwise"]["runs"].update(ext={"subject": "external", "impl": "optimized",
                                                                  "command": "python train.py"}))
-    [problem] = bitwise_problems(cfg)
+    [problem] = problems(cfg)
     assert problem.startswith("bitwise.runs.ext.subject is external but the reference bitwise.runs.baseline is rl")
 
 

@@ -4,8 +4,6 @@ import os
 import shutil
 from pathlib import Path
 
-import pytest
-
 from conftest import make_tiny_checkpoint, run_module, write_section
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -4,9 +4,9 @@ import os
 import shutil
 
 import pytest
-
 from conftest import make_tiny_checkpoint
 from test_checkpoint_sources import build, fake_hub_cache, hf_spec
+
 from workflow_src.checkpoints import CheckpointError
 from workflow_src.checkpoints.verify import REBUILD, verify_checkpoint
 
@@ -36,7 +36,7 @@ def test_a_flipped_byte_is_named_with_both_hashes_and_the_rebuild_command(checkp
     with pytest.raises(CheckpointError) as e:
         verify_checkpoint(checkpoint)
     msg = str(e.value)
-    assert f"model.safetensors: sha256 " in msg and f"expected {expected}" in msg and REBUILD in msg
+    assert "model.safetensors: sha256 " in msg and f"expected {expected}" in msg and REBUILD in msg
     assert "config.json" not in msg.split("\n", 1)[1]
 
 
@@ -78,8 +78,9 @@ def test_the_cache_never_hides_a_change(checkpoint, capsys):
 
 def test_the_rl_trainer_refuses_a_corrupted_checkpoint(rl_subject_checkpoint, tmp_path):
     from test_rl_subject import RL, TASK
-    from workflow_src.rl.settings import RLSettings
-    from workflow_src.rl.trainer import Trainer
+
+    from workflow_src.subjects.rl.settings import RLSettings
+    from workflow_src.subjects.rl.trainer import Trainer
     copy = tmp_path / "ckpt"
     shutil.copytree(rl_subject_checkpoint, copy)
     flip_byte(copy / "model.safetensors", offset=-100)

@@ -1,4 +1,4 @@
-"""kernels/compare_libraries.py: the side-by-side benchmark of our fused kernels against eager PyTorch,
+"""bench/compare_libraries.py: the side-by-side benchmark of our fused kernels against eager PyTorch,
 torch.compile and Liger-Kernel, run small on the CPU (our kernels through the Triton interpreter;
 torch.compile left out to keep CI short). Checked: the report's structure, that RoPE's fused kernel is
 reported bit-equal to eager (exact under the interpreter), that a deliberately wrong implementation
@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from workflow_src.kernels import compare_libraries as cl
+from workflow_src.bench import compare_libraries as cl
 from workflow_src.kernels import rmsnorm, rope
 
 # numpy's exp overflows to inf (as expf does) for the large negative gates of silu_mul_inputs

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 import yaml
-
 from conftest import REPO
+
 from workflow_src.config_checks import ConfigError, check_config, schema_problems
 
 SCHEMA = yaml.safe_load((REPO / "config/schema.yaml").read_text())

@@ -1,6 +1,6 @@
-from workflow_src.report.config_doc import render
-
 from conftest import REPO
+
+from workflow_src.report.config_doc import render
 
 
 def test_config_readme_matches_schema():

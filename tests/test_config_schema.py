@@ -5,10 +5,9 @@ import sys
 
 import pytest
 import yaml
+from conftest import REPO
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
-
-from conftest import REPO
 
 SCHEMA = str(REPO / "config/schema.yaml")
 
@@ -93,34 +92,52 @@ def test_snakemake_stops_before_any_job(tmp_path):
     assert "Job stats" not in out and not (tmp_path / "results").exists()
 
 
-def test_randopt_schema_defaults_are_the_module_defaults():
-    """The CLIs validate a randopt section on their own (settings.DEFAULTS); the schema must agree."""
-    import yaml
-    from jsonschema import Draft202012Validator, validators
+def test_section_defaults_are_what_snakemake_fills():
+    """A CLI handed one section fills the defaults Snakemake's validation fills in the whole config."""
+    from snakemake.utils import validate
 
-    from workflow_src.randopt.settings import DEFAULTS
+    from workflow_src import config_schema
 
-    def fill(validator_class):
-        validate_props = validator_class.VALIDATORS["properties"]
+    config = {}
+    validate(config, str(REPO / "config/schema.yaml"), set_default=True)
+    for section in config_schema.schema()["properties"]:
+        if isinstance(config[section], dict):
+            assert config_schema.defaults(section) == config[section], section
+    assert config_schema.defaults("task.gsm8k") == config["task"]["gsm8k"]
+    assert config_schema.defaults("checkpoint.synthetic") == config["checkpoint"]["synthetic"]
 
-        def set_defaults(validator, properties, instance, schema):
-            for name, sub in properties.items():
-                if "default" in sub and isinstance(instance, dict):
-                    instance.setdefault(name, sub["default"])
-            yield from validate_props(validator, properties, instance, schema)
-        return validators.extend(validator_class, {"properties": set_defaults})
 
-    schema = yaml.safe_load((REPO / "config/schema.yaml").read_text())
-    section = {}
-    fill(Draft202012Validator)(schema["properties"]["randopt"]).validate(section)
-    assert section == DEFAULTS
+def test_resolve_names_every_bad_key_and_leaves_its_input_alone():
+    from workflow_src.config_schema import ConfigError, resolve
+
+    value = {"population": 0, "populaton": 3, "perturb": {"include": "*"}}
+    with pytest.raises(ConfigError) as caught:
+        resolve("randopt", value)
+    text = str(caught.value)
+    for where in ("randopt.population", "'populaton' was unexpected", "randopt.perturb.include"):
+        assert where in text
+    assert value == {"population": 0, "populaton": 3, "perturb": {"include": "*"}}
+    partial = {"perturb": {"exclude": ["lm_head.*"]}}
+    filled = resolve("randopt", partial)
+    assert filled["perturb"] == {"include": ["*"], "exclude": ["lm_head.*"], "backend": "auto"}
+    assert partial == {"perturb": {"exclude": ["lm_head.*"]}}
+    with pytest.raises(KeyError, match="no section"):
+        resolve("randop", {})
+
+
+def test_no_module_restates_a_config_default():
+    """config/schema.yaml is the one source of defaults: no DEFAULTS dict of config values in the package."""
+    import re
+    hits = [f"{p.relative_to(REPO)}:{n}" for p in (REPO / "workflow_src").rglob("*.py")
+            for n, line in enumerate(p.read_text().splitlines(), 1) if re.match(r"\s*DEFAULTS\s*[:=]", line)]
+    assert not hits
 
 
 @pytest.mark.parametrize("preset", sorted(p.name for p in (REPO / "config" / "presets").glob("*.yaml")))
 def test_preset_switch_sets_are_valid_combinations(preset):
     """Every switch set a preset runs parses (needs, conflicts): on the GPU a control that combined
     batched_train with control_reduction_order failed only after the 14-step baseline had run."""
-    from workflow_src.rl.settings import parse_switches
+    from workflow_src.subjects.rl.settings import parse_switches
     cfg = yaml.safe_load((REPO / "config" / "presets" / preset).read_text())
     rl_switches = cfg.get("rl", {}).get("switches", [])  # the RandOpt presets leave the RL subject as it is
     parse_switches(rl_switches)

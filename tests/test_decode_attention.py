@@ -52,7 +52,8 @@ def test_split_keys_match_the_reference_on_cpu(launch):
 
 def test_launch_bench_cli_records_every_launch(tmp_path):
     import json
-    from workflow_src.kernels.bench_decode_attention import main
+
+    from workflow_src.bench.decode_attention import main
     out = tmp_path / "attn.json"
     main(["--tiny", "--device", "cpu", "--slots", "2", "--capacity", "40", "--positions", "39", "--block-n", "16",
           "--warps", "4", "--splits", "1", "2", "--repeats", "1", "--out", str(out)])

@@ -1,6 +1,7 @@
 import json
 
 from conftest import run_module, write_section
+
 from workflow_src.provenance.environment import check_pins, fingerprint, relevant_variables
 
 
@@ -35,8 +36,9 @@ def test_pin_policy_warn_records_and_fail_stops(tmp_path):
     section = {"pins": {"torch": "1.0.0"}, "on_pin_mismatch": "warn"}
     s = write_section(tmp_path / "env.json", "environment", section)
     out = tmp_path / "environment.json"
-    proc = run_module("workflow_src.provenance.environment", "--config-section", str(s), "--out", str(out),
-                      "--summary", str(tmp_path / "summary.html"))
+    proc = run_module("workflow_src.provenance.environment", "--config-section", str(s), "--out", str(out))
+    run_module("workflow_src.report.environment_summary", "--environment", str(out), "--out",
+               str(tmp_path / "summary.html"))
     doc = json.loads(out.read_text())
     assert doc["pins_ok"] is False and "pin mismatch: torch" in proc.stderr
     assert "MISMATCH" in (tmp_path / "summary.html").read_text()

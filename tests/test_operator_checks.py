@@ -2,9 +2,10 @@
 import json
 
 import torch
-
 from conftest import run_module
-from workflow_src.kernels import receipt, rmsnorm
+
+from workflow_src.bitwise import operator_receipt as receipt
+from workflow_src.kernels import rmsnorm
 from workflow_src.kernels.common import bit_equal, strided
 
 
@@ -25,7 +26,7 @@ def test_strided_views_keep_values():
 
 def test_receipt_cli_all_pass(tmp_path):
     out = tmp_path / "receipt.json"
-    run_module("workflow_src.kernels.receipt", "--out", str(out), "--html", str(tmp_path / "r.html"))
+    run_module("workflow_src.bitwise.operator_receipt", "--out", str(out), "--html", str(tmp_path / "r.html"))
     doc = json.loads(out.read_text())
     assert doc["all_passed"] and doc["cases"] == doc["passed"] > 100
     assert set(doc["operators"]) == {"rmsnorm", "rope", "rope_cache", "swiglu_mlp", "qwen2_forward", "perturb"}

@@ -3,10 +3,10 @@ of the packed buffers, RandOpt's perturber writing through them, and the errors 
 import pytest
 import torch
 
-from workflow_src.engine.bench import random_model
+from workflow_src.bench.engine import random_model
+from workflow_src.engine.perturber import Perturber
 from workflow_src.model.packed_projections import pack_projections
-from workflow_src.randopt import noise
-from workflow_src.randopt.perturb import Perturber
+from workflow_src.noise import speedproof as noise
 
 
 @pytest.fixture

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, run_module
-from workflow_src.protocol import launch_name, parse_launch_name
-from workflow_src.protocol.steplog import (StepLogError, parse_external_log, parse_jsonl, read_steps,
-                                           validate_records)
+
+from workflow_src.speedup import launch_name, parse_launch_name
+from workflow_src.speedup.steplog import StepLogError, parse_external_log, parse_jsonl, read_steps, validate_records
 
 SUBJECT = REPO / "tests/data/subjects/sleepy_subject.py"
 REGEX = r"step (?P<step>\d+) rank (?P<rank>\d+) took (?P<seconds>[0-9.]+)s \(rollout (?P<phase_rollout>[0-9.]+)s\)"
@@ -28,7 +27,7 @@ def launch(root: Path, name: str, command: str, *args: str, steps: int = STEPS):
     """Launch `name` (A, opt, B, A2, ...) into root/name; production mode unless args name one."""
     role, repeat = parse_launch_name(name)
     mode = () if "--mode" in args else ("--mode", "production")
-    return run_module("workflow_src.protocol.launch", "--launch", role, "--repeat", str(repeat), *mode,
+    return run_module("workflow_src.speedup.launch", "--launch", role, "--repeat", str(repeat), *mode,
                       "--command", command, "--steps", str(steps), "--out-dir", str(root / name), *args, check=False)
 
 
@@ -42,7 +41,7 @@ def paired(root: Path, *extra: str, check: bool = False, repeats: int = 1):
                                      ("bars", "ratios.png"), ("trace", "trace.png"))}
     dirs = [arg for role in ("A", "opt", "B")
             for arg in (f"--{role}", *(str(root / launch_name(role, k)) for k in range(1, repeats + 1)))]
-    proc = run_module("workflow_src.protocol.paired", "--exp", "demo", *dirs, "--warmup", str(WARMUP), "--windows",
+    proc = run_module("workflow_src.speedup.paired", "--exp", "demo", *dirs, "--warmup", str(WARMUP), "--windows",
                       str(WINDOWS), "--window-steps", str(WSTEPS), "--out-json", str(outs["json"]),
                       "--out-csv", str(outs["csv"]), "--out-html", str(outs["html"]), "--out-bars",
                       str(outs["bars"]), "--out-trace", str(outs["trace"]), *extra, check=check)
@@ -252,7 +251,7 @@ def test_repeats_headline_is_the_minimum_over_every_triple(three, tmp_path):
     assert (minimum[0], minimum[1]) == ("2", str(h["window"]))
     # one triple alone still pairs; a triple given in the wrong slot does not
     assert paired(tmp_path)[0].returncode == 0
-    wrong = run_module("workflow_src.protocol.paired", "--exp", "x", "--A", str(tmp_path / "A2"), "--opt",
+    wrong = run_module("workflow_src.speedup.paired", "--exp", "x", "--A", str(tmp_path / "A2"), "--opt",
                        str(tmp_path / "opt2"), "--B", str(tmp_path / "B2"), "--warmup", "2", "--windows", "2",
                        "--window-steps", "2", *(f"--out-{k}" for k in ()), "--out-json", str(tmp_path / "w.json"),
                        "--out-csv", str(tmp_path / "w.csv"), "--out-html", str(tmp_path / "w.html"),

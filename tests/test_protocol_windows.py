@@ -1,10 +1,20 @@
-"""Window arithmetic of the paired protocol (DESIGN §5) on hand-made step logs."""
+"""Window arithmetic of the paired protocol (docs/design.md §5) on hand-made step logs."""
 import math
 
 import pytest
 
-from workflow_src.protocol.windows import (Window, csv_text, headline, noise, paired_windows, phase_means,
-                                           required_steps, step_times, table_rows, window_range)
+from workflow_src.speedup.windows import (
+    Window,
+    csv_text,
+    headline,
+    noise,
+    paired_windows,
+    phase_means,
+    required_steps,
+    step_times,
+    table_rows,
+    window_range,
+)
 
 WARMUP, WINDOWS, WSTEPS = 2, 3, 2          # 8 steps: warm-up 0–1, windows (2–3), (4–5), (6–7)
 

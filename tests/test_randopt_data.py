@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import run_module, write_section
+
 from workflow_src.randopt import plots, record, stats, vote
 from workflow_src.randopt.select import rank_population, resolve_ks
 from workflow_src.tasks.registry import get_task
@@ -418,3 +418,27 @@ def test_plots_are_written(run, tmp_path):
     for p in outs.values():
         data = p.read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 2000
+
+
+def test_mcnemar_is_scipys_exact_binomial_test():
+    stats = pytest.importorskip("scipy.stats")
+    for b, c in [(0, 1), (1, 0), (3, 3), (5, 0), (12, 4), (4, 12), (30, 17), (100, 130)]:
+        want = stats.binomtest(b, b + c, 0.5, alternative="two-sided").pvalue
+        assert vote.mcnemar_exact_p(b, c) == pytest.approx(want, rel=1e-12, abs=1e-15), (b, c)
+    assert vote.mcnemar_exact_p(0, 0) == 1.0
+
+
+def test_bootstrap_ci_agrees_with_scipys_percentile_bootstrap():
+    """Other draws, the same interval: with many resamples both percentile intervals of mean(ens − base)
+    land within a grid step (1/n) of each other."""
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(11)
+    n = 240
+    base = rng.integers(0, 2, n)
+    ens = np.where(rng.random(n) < 0.2, 1, base)  # the ensemble fixes some problems
+    ours = vote.paired_bootstrap_ci(ens, base, 20000, seed=1)
+    res = stats.bootstrap((ens - base,), np.mean, n_resamples=20000, method="percentile", confidence_level=0.95,
+                          random_state=np.random.default_rng(2))
+    theirs = (res.confidence_interval.low, res.confidence_interval.high)
+    assert ours == pytest.approx(theirs, abs=1.5 / n)
+    assert ours[0] > 0  # and the planted effect shows

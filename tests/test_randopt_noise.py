@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from workflow_src.kernels.common import bit_equal
-from workflow_src.randopt import noise
+from workflow_src.noise import speedproof as noise
 
 # (seed, index, h = MurmurHash3_x86_32(index as 8 LE bytes, seed), R): the table of docs/randopt-noise.md.
 # Cross-checked when written against the mmh3 package: mmh3.hash(struct.pack("<Q", i), seed, signed=False).
@@ -236,3 +236,17 @@ def test_population_seeds():
     big = noise.population_seeds(0, 3000)
     assert big[:4] == seeds and len(set(big)) == 3000 and all(0 <= s < 2**32 for s in big)
     assert noise.population_seeds(1, 4) != seeds
+
+
+def test_hash_is_mmh3_of_the_index_bytes():
+    """Cross-check with the mmh3 package (a C implementation of MurmurHash3_x86_32): the Python spec, and
+    the torch implementation the reference reconstructs with, hash an index's 8 little-endian bytes."""
+    mmh3 = pytest.importorskip("mmh3")
+    rng = np.random.default_rng(3)
+    seeds = [0, 1, 0xFFFFFFFF, *map(int, rng.integers(0, 2**32, 6))]
+    indices = [0, 1, 2**32 - 1, 2**32, 2**62 + 12345, *map(int, rng.integers(0, 2**63, 20))]
+    for seed in seeds:
+        want = [mmh3.hash(i.to_bytes(8, "little"), seed, signed=False) for i in indices]
+        assert [noise.hash32(seed, i) for i in indices] == want
+        got = noise.hash32_tensor(seed, torch.tensor(indices, dtype=torch.int64))
+        assert [int(h) & 0xFFFFFFFF for h in got.tolist()] == want

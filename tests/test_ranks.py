@@ -1,13 +1,13 @@
-"""The ranks CLI's launch plans (workflow_src/protocol/ranks.py); the runs themselves are in test_rl_subject."""
+"""The ranks CLI's launch plans (workflow_src/ranks.py); the runs themselves are in test_rl_subject."""
 
 import sys
 
 import pytest
 
-from workflow_src.protocol import ranks
-from workflow_src.protocol.ranks import RanksError, plan
+from workflow_src import ranks
+from workflow_src.ranks import RanksError, plan
 
-SUBJECT = ["-m", "workflow_src.rl", "--steps", "2"]
+SUBJECT = ["-m", "workflow_src.subjects.rl", "--steps", "2"]
 
 
 def test_one_rank_runs_the_subject_itself():
@@ -51,7 +51,7 @@ def test_bad_plans_are_refused(args, env, message):
 
 def test_cli_needs_the_separator(capsys):
     with pytest.raises(SystemExit, match="after `--`"):
-        ranks.main(["--nnodes", "2", "-m", "workflow_src.rl"])
+        ranks.main(["--nnodes", "2", "-m", "workflow_src.subjects.rl"])
 
 
 def test_slurm_profile_plans_multi_node_launches(tmp_path):
@@ -71,18 +71,20 @@ def test_slurm_profile_plans_multi_node_launches(tmp_path):
     for block in launches:
         assert "nodes=2" in block, block
         if "rule deterministic_run:" in block:
-            assert "workflow_src.protocol.ranks --nnodes 2 --nproc-per-node 4 -- -m workflow_src.rl" in block, block
+            assert "workflow_src.ranks --nnodes 2 --nproc-per-node 4 -- -m workflow_src.subjects.rl" in block, block
     assert any("--ranks 8" in block for block in launches if "rule speedup_launch:" in block)
 
 
 def test_nodes_past_the_first_start_their_own_reward_service():
     import json
-    spec = {"reward_section": "/r/reward.json", "service": "tuned", "python": None,
-            "python_from": "/r/reward_environment.json", "record": "/out/reward_service.json"}
-    env = {ranks.SERVE_VARIABLE: json.dumps(spec)}
+
+    from workflow_src.subjects.reward.serve import serve_args
+    spec = {"args": serve_args("/r/reward.json", "tuned", None, "/r/reward_environment.json"),
+            "record": "/out/reward_service.json"}
+    env = {ranks.NODE_SERVICE_VARIABLE: json.dumps(spec)}
     first, second = plan(SUBJECT, 2, 1, True, env)
     assert first[:3] == ranks.TORCHRUN  # node 0 shares the launch's service
-    assert second[:3] == [sys.executable, "-m", "workflow_src.reward.serve"]
+    assert second[:3] == [sys.executable, "-m", "workflow_src.subjects.reward.serve"]
     cut = second.index("--")
     assert second[3:cut] == ["--reward-section", "/r/reward.json", "--service", "tuned", "--python-from",
                              "/r/reward_environment.json", "--record", "/out/reward_service.node1.json"]

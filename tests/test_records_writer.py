@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO
-from workflow_src.protocol import digest
-from workflow_src.protocol.bitwise import compare, load_run
-from workflow_src.protocol.records_writer import RecordError, RecordWriter, encode_value, scalar_hex, tensor_digest
+
+from workflow_src.bitwise import digest
+from workflow_src.bitwise.compare import compare, load_run
+from workflow_src.bitwise.records_writer import RecordError, RecordWriter, encode_value, scalar_hex, tensor_digest
 
 IDENTITY = {"seed": 0, "data_sha256": "ab" * 32}
 
@@ -159,7 +159,7 @@ def test_vendored_copy_needs_only_the_standard_library(tmp_path):
     """Copied next to a trainer, the module imports without torch or speedproof and records floats."""
     vendor = tmp_path / "vendor"
     vendor.mkdir()
-    (vendor / "records_writer.py").write_bytes((REPO / "workflow_src/protocol/records_writer.py").read_bytes())
+    (vendor / "records_writer.py").write_bytes((REPO / "workflow_src/bitwise/records_writer.py").read_bytes())
     script = ("import sys, records_writer as r\n"
               "assert 'torch' not in sys.modules and not any(m.startswith('workflow_src') for m in sys.modules)\n"
               "with r.RecordWriter(sys.argv[1], impl='c', identity={'seed': 0}, steps=2) as w:\n"
@@ -176,7 +176,7 @@ def test_vendored_copy_needs_only_the_standard_library(tmp_path):
 
 def test_the_rl_subject_writes_the_same_bytes_through_the_writer(tmp_path):
     """write_rank_records goes through RecordWriter; its lines are what the built-in subject always wrote."""
-    from workflow_src.rl.__main__ import write_rank_records
+    from workflow_src.subjects.rl.__main__ import write_rank_records
     identity = {"config_sha256": "c" * 64, "checkpoint_manifest_sha256": None, "seed": 0, "task_sha256": "e" * 64}
     records = [{"step": s, "check": {"loss": "3f800000", "kl": "00000000", "entropy": "3f000000",
                                      "grad_norm": f"4{s}000000", "lr": "3f1a36e2eb1c432d",

@@ -11,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from workflow_src.reward.app import create_app
-from workflow_src.reward.client import RewardClient, RewardServiceError
-from workflow_src.reward.service import RewardService, RewardServiceStartError, free_port
-from workflow_src.rl.rewards import InProcessRewards
+from workflow_src.subjects.reward.app import create_app
+from workflow_src.subjects.reward.client import RewardClient, RewardServiceError
+from workflow_src.subjects.reward.service import RewardService, RewardServiceStartError, free_port
+from workflow_src.subjects.rl.rewards import InProcessRewards
 
 COMPLETIONS = ["so #### 70", "#### 70.5", "no answer", "#### $1,000.", "#### -0", "a\n#### 12\nb"]
 ANSWERS = ["70.0", "71", "3", "1000", "0", "12"]
@@ -99,7 +99,7 @@ def test_app_bad_requests(body, fragment):
 def test_app_refuses_a_body_shorter_than_announced_and_answers_errors_in_json(monkeypatch):
     status, doc = call(create_app(), "POST", "/score", b'{"id": 1}', content_length=100)
     assert status == 400 and "ended after 9 of the 100 bytes" in doc["error"]
-    import workflow_src.reward.app as app_module
+    import workflow_src.subjects.reward.app as app_module
 
     def broken(*args):
         raise KeyError("boom")
@@ -112,7 +112,7 @@ def test_hostile_bodies_are_refused_without_holding_the_service():
     """One sync worker (the `upstream` settings): a trickling body is cut at the body deadline with 408, so an
     ordinary request waits about that long, not gunicorn's 30 s worker timeout; deeply nested JSON is a JSON
     400 that the client does not retry."""
-    from workflow_src.reward.loadtest import nested_json, slow_body
+    from workflow_src.bench.reward_load import nested_json, slow_body
     with RewardService(workers=1, threads=1, startup_timeout_s=15, body_timeout_s=1.0) as svc:
         with ThreadPoolExecutor(1) as pool:
             slow = pool.submit(slow_body, svc.url, give_up_s=20)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from conftest import REPO, run_module, write_section
 from test_reward_service import alive, worker_pids
 from test_rl_subject import RL, TASK, checkpoint  # noqa: F401  (the module-scoped checkpoint fixture)
@@ -33,14 +32,14 @@ def sections(tmp_path):
 
 def serve_cmd(sections, record, *command, service="tuned", python=None):
     py = ["--python", python] if python else []
-    return [sys.executable, "-m", "workflow_src.reward.serve", "--reward-section", str(sections["reward"]),
+    return [sys.executable, "-m", "workflow_src.subjects.reward.serve", "--reward-section", str(sections["reward"]),
             "--service", service, *py, "--record", str(record), "--", *command]
 
 
 PROBE = ("import json, os, requests; u = os.environ['SPEEDPROOF_REWARD_URL']; "
          "r = requests.post(u + '/score', json={'id': 'x', 'task': 'synthetic_arithmetic', "
          "'completions': ['#### 3'], 'answers': ['3']}, timeout=5); "
-         "print(json.dumps({'url': u, 'doc': r.json(), 'serve': json.loads(os.environ['SPEEDPROOF_REWARD_SERVE'])})); "
+         "print(json.dumps({'url': u, 'doc': r.json(), 'serve': json.loads(os.environ['SPEEDPROOF_NODE_SERVICE'])})); "
          "raise SystemExit(int(os.environ.get('EXIT', '0')))")
 
 
@@ -52,9 +51,10 @@ def test_serve_runs_the_command_beside_a_service_and_stops_it(sections, tmp_path
     probe = json.loads(out.stdout)
     assert probe["url"].startswith("http://127.0.0.1:")
     assert probe["doc"]["rewards"] == [1.0] and probe["doc"]["strict"] == [1.0] and probe["doc"]["format"] == [1.0]
-    # how another node starts an equal service (workflow_src/protocol/ranks.py)
-    assert probe["serve"] == {"reward_section": str(Path(sections["reward"]).resolve()), "service": "tuned",
-                              "python": None, "python_from": None, "record": str(record.resolve())}
+    # how another node starts an equal service (workflow_src/ranks.py)
+    assert probe["serve"] == {"args": ["-m", "workflow_src.subjects.reward.serve", "--reward-section",
+                                       str(Path(sections["reward"]).resolve()), "--service", "tuned"],
+                              "record": str(record.resolve())}
     rec = json.loads(record.read_text())
     assert rec["service"] == "tuned" and rec["settings"]["workers"] == 2 and rec["command_exit_code"] == 0
     assert rec["gunicorn"] and rec["url"] == probe["url"]
@@ -63,7 +63,8 @@ def test_serve_runs_the_command_beside_a_service_and_stops_it(sections, tmp_path
 
 
 def test_the_recorded_interpreter_survives_a_moved_checkout(sections, tmp_path):
-    from workflow_src.reward.environment import REPO as CHECKOUT, describe, python_path, recorded_python
+    from workflow_src.subjects.reward.environment import REPO as CHECKOUT
+    from workflow_src.subjects.reward.environment import describe, python_path, recorded_python
     assert recorded_python(str(CHECKOUT / ".venv/bin/python")) == ".venv/bin/python"
     assert recorded_python("/usr/bin/python3") == "/usr/bin/python3"
     assert python_path(".venv/bin/python") == str(CHECKOUT / ".venv/bin/python")
@@ -135,8 +136,8 @@ def test_serve_service_that_cannot_start_does_not_run_the_command(sections, tmp_
     assert not marker.exists()
 
 
-def rl_args(checkpoint, sections, out, impl="optimized", steps=2):
-    return ["-m", "workflow_src.rl", "--impl", impl, "--checkpoint", str(checkpoint), "--rl-section",
+def rl_args(checkpoint_dir, sections, out, impl="optimized", steps=2):
+    return ["-m", "workflow_src.subjects.rl", "--impl", impl, "--checkpoint", str(checkpoint_dir), "--rl-section",
             str(sections["rl"]), "--task-section", str(sections["task"]), "--reward-section", str(sections["reward"]),
             "--steps", str(steps), "--deterministic", "--records", "--out", str(out)]
 
@@ -165,7 +166,7 @@ def test_service_rewards_match_in_process_bit_for_bit(checkpoint, sections, tmp_
 
 
 def test_rl_with_unreachable_service_fails_clearly_and_records_nothing(checkpoint, sections, tmp_path):  # noqa: F811
-    from workflow_src.reward.service import free_port
+    from workflow_src.subjects.reward.service import free_port
     url = f"http://127.0.0.1:{free_port()}"
     out = tmp_path / "out"
     proc = run_module(*rl_args(checkpoint, sections, out)[1:], env={"SPEEDPROOF_REWARD_URL": url}, check=False)
@@ -175,10 +176,10 @@ def test_rl_with_unreachable_service_fails_clearly_and_records_nothing(checkpoin
 
 
 def test_worker_killed_during_steps_gives_the_same_rewards(checkpoint):  # noqa: F811
-    from workflow_src.reward.client import RewardClient
-    from workflow_src.reward.service import RewardService
-    from workflow_src.rl.settings import RLSettings
-    from workflow_src.rl.trainer import Trainer
+    from workflow_src.subjects.reward.client import RewardClient
+    from workflow_src.subjects.reward.service import RewardService
+    from workflow_src.subjects.rl.settings import RLSettings
+    from workflow_src.subjects.rl.trainer import Trainer
 
     def run(rewards):
         t = Trainer(checkpoint, RLSettings.from_dict(RL), TASK, frozenset({"lean_decode", "reward_overlap"}),
@@ -214,7 +215,7 @@ def test_worker_killed_during_steps_gives_the_same_rewards(checkpoint):  # noqa:
 
 def test_load_no_lost_or_duplicated_responses(tmp_path):
     out = tmp_path / "load.json"
-    run_module("workflow_src.reward.loadtest", "--workers", "2", "--threads", "2", "--clients", "4",
+    run_module("workflow_src.bench.reward_load", "--workers", "2", "--threads", "2", "--clients", "4",
                "--requests", "25", "--batch", "8", "--out", str(out))
     doc = json.loads(out.read_text())
     assert doc["answered"] == doc["requests"] == 100 and doc["problem_count"] == 0
@@ -229,7 +230,7 @@ def test_load_with_slow_and_hostile_clients(tmp_path, workers, threads, hostile)
     ordinary one is still answered right within 10 s (without the body deadline one trickling client holds a
     sync worker for gunicorn's 30 s worker timeout)."""
     out = tmp_path / "load.json"
-    run_module("workflow_src.reward.loadtest", "--workers", str(workers), "--threads", str(threads), "--clients",
+    run_module("workflow_src.bench.reward_load", "--workers", str(workers), "--threads", str(threads), "--clients",
                "3", "--requests", "10", "--batch", "8", "--hostile", str(hostile), "--body-timeout-s", "1",
                "--timeout-s", "10", "--out", str(out))
     doc = json.loads(out.read_text())
@@ -238,7 +239,7 @@ def test_load_with_slow_and_hostile_clients(tmp_path, workers, threads, hostile)
 
 
 def test_percentile_nearest_rank():
-    from workflow_src.reward.loadtest import percentile
+    from workflow_src.bench.reward_load import percentile
     values = [float(i) for i in range(1, 101)]
     assert percentile(values, 50) == 50.0 and percentile(values, 99) == 99.0 and percentile(values, 100) == 100.0
     assert percentile([7.0], 99) == 7.0
@@ -249,7 +250,7 @@ def test_launch_fails_and_keeps_nothing_when_the_service_cannot_start(sections, 
     out_dir = tmp_path / "A"
     command = " ".join(shlex.quote(x) for x in serve_cmd(sections, tmp_path / "svc.json", sys.executable, "-c",
                                                            "print('never')", python="/bin/false"))
-    proc = run_module("workflow_src.protocol.launch", "--launch", "A", "--mode", "production", "--steps", "2", "--command", command,
+    proc = run_module("workflow_src.speedup.launch", "--launch", "A", "--mode", "production", "--steps", "2", "--command", command,
                       "--out-dir", str(out_dir), check=False)
     assert proc.returncode == 1
     assert "did not start, so the command was not run" in proc.stderr and "nothing was kept" in proc.stderr

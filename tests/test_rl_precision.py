@@ -4,11 +4,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from test_random_checkpoint import TASK, spec
+
 from workflow_src.checkpoints.__main__ import build_checkpoint
-from workflow_src.rl.precision import MasterWeights
-from workflow_src.rl.settings import GPU_ONLY, SWITCHES, RLSettings, SettingsError
+from workflow_src.subjects.rl.precision import MasterWeights
+from workflow_src.subjects.rl.settings import GPU_ONLY, SWITCHES, RLSettings, SettingsError
 from workflow_src.tasks.registry import get_task
 
 RL = {"seed": 1, "prompts_per_step": 2, "group_size": 4, "policy_group_size": 2, "rounds": 2, "max_new_tokens": 10,
@@ -25,7 +25,7 @@ def checkpoint(tmp_path_factory):
 
 
 def run(checkpoint, switches, **over):
-    from workflow_src.rl.trainer import Trainer
+    from workflow_src.subjects.rl.trainer import Trainer
     t = Trainer(checkpoint, RLSettings.from_dict({**RL, **over}), TASK, frozenset(switches))
     try:
         return [t.step(i)["check"] for i in range(2)], t.final_digests()
@@ -91,8 +91,10 @@ def test_settings_refuse_unknown_precision_and_reward():
 
 def test_switch_check_reports_matches_and_the_control(checkpoint, tmp_path):
     import json
+
     from conftest import write_section
-    from workflow_src.rl.switch_check import default_configs, main
+
+    from workflow_src.subjects.rl.switch_check import default_configs, main
     rl = write_section(tmp_path / "rl.json", "rl", RL)
     task = write_section(tmp_path / "task.json", "task.synthetic_arithmetic", TASK)
     out = tmp_path / "check.json"
@@ -107,8 +109,10 @@ def test_switch_check_reports_matches_and_the_control(checkpoint, tmp_path):
 
 def test_switch_check_candidates_write_the_chosen_set(checkpoint, tmp_path):
     import json
+
     from conftest import write_section
-    from workflow_src.rl.switch_check import main
+
+    from workflow_src.subjects.rl.switch_check import main
     rl = write_section(tmp_path / "rl.json", "rl", {**RL, "switches": ["lean_decode"]})
     task = write_section(tmp_path / "task.json", "task.synthetic_arithmetic", TASK)
     out, overlay = tmp_path / "check.json", tmp_path / "switches.json"
@@ -121,7 +125,7 @@ def test_switch_check_candidates_write_the_chosen_set(checkpoint, tmp_path):
 
 
 def test_chosen_switches_take_only_what_matched():
-    from workflow_src.rl.switch_check import chosen_switches
+    from workflow_src.subjects.rl.switch_check import chosen_switches
 
     def doc(**equal):
         return {"configs": {name.replace("_plus_", "+"): {"vs_baseline": {"equal": e}} for name, e in equal.items()}}
@@ -134,13 +138,14 @@ def test_chosen_switches_take_only_what_matched():
     assert chosen_switches(doc(base=False, base_plus_all=True), base, cands)[0] == []  # a failing base: nothing
 
 
-@pytest.mark.parametrize("switch, module", [("batched_train", "workflow_src.rl.chunked_grad"),
+@pytest.mark.parametrize("switch, module", [("batched_train", "workflow_src.subjects.rl.chunked_grad"),
                                             ("ref_batched", "workflow_src.model.lean_qwen2")])
 def test_micro_batch_gemms_match(checkpoint, baseline, monkeypatch, switch, module):
     """What a GPU runs keeps the baseline's bits too: every GEMM of batched_train (through chunked_grad) and of
     ref_batched (through the lean forward, then full logits per micro-batch) in a micro-batch's shape."""
     import importlib
-    from workflow_src.rl import trainer
+
+    from workflow_src.subjects.rl import trainer
     mod = importlib.import_module(module)
     original = trainer.Trainer.__init__
 

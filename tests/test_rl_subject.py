@@ -5,9 +5,9 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, write_section
-from workflow_src.rl.settings import GPU_ONLY, SWITCHES, RLSettings, SettingsError, parse_switches
+
+from workflow_src.subjects.rl.settings import GPU_ONLY, SWITCHES, RLSettings, SettingsError, parse_switches
 
 CPU_SWITCHES = sorted(set(SWITCHES) - GPU_ONLY)
 
@@ -29,7 +29,7 @@ def checkpoint(rl_subject_checkpoint):
 
 
 def run_trainer(checkpoint, switches, steps=2):
-    from workflow_src.rl.trainer import Trainer
+    from workflow_src.subjects.rl.trainer import Trainer
     t = Trainer(checkpoint, RLSettings.from_dict(RL), TASK, frozenset(switches))
     try:
         return [t.step(i) for i in range(steps)]
@@ -49,7 +49,7 @@ def test_settings_and_switch_validation():
     assert parse_switches("none") == frozenset()
     with pytest.raises(SettingsError, match="must divide"):
         RLSettings.from_dict({**RL, "policy_group_size": 3})
-    with pytest.raises(SettingsError, match="unknown settings"):
+    with pytest.raises(SettingsError, match="learning_rat"):
         RLSettings.from_dict({**RL, "learning_rat": 1})
 
 
@@ -73,7 +73,7 @@ def test_each_switch_alone_matches_the_baseline(checkpoint, baseline_records, sw
 
 def test_all_switches_match_and_a_changed_seed_does_not(checkpoint, baseline_records):
     assert checks(run_trainer(checkpoint, CPU_SWITCHES)) == checks(baseline_records)
-    from workflow_src.rl.trainer import Trainer
+    from workflow_src.subjects.rl.trainer import Trainer
     t = Trainer(checkpoint, RLSettings.from_dict({**RL, "seed": 2}), TASK, frozenset())
     try:
         other = [t.step(i) for i in range(2)]
@@ -87,11 +87,11 @@ def run_cli(checkpoint, tmp_path, impl, nproc, steps=2, switches=None, records=F
     rl = write_section(tmp_path / "rl.json", "rl", {**RL, "nproc": nproc, "nnodes": nnodes, "precision": precision})
     task = write_section(tmp_path / "task.json", "task.synthetic_arithmetic", TASK)
     out = tmp_path / (name or f"{impl}{nproc}x{nnodes}")
-    launcher = [sys.executable, "-m", "workflow_src.rl"]
+    launcher = [sys.executable, "-m", "workflow_src.subjects.rl"]
     if nproc * nnodes > 1:  # what the launch rules run: the ranks CLI (torchrun; simulated nodes here)
-        launcher = [sys.executable, "-m", "workflow_src.protocol.ranks", f"--nnodes={nnodes}",
+        launcher = [sys.executable, "-m", "workflow_src.ranks", f"--nnodes={nnodes}",
                     f"--nproc-per-node={nproc}", *(["--local-nodes"] if nnodes > 1 else []), "--",
-                    "-m", "workflow_src.rl"]
+                    "-m", "workflow_src.subjects.rl"]
     cmd = [*launcher, "--impl", impl, "--checkpoint", str(checkpoint), "--rl-section", str(rl),
            "--task-section", str(task), "--steps", str(steps), "--out", str(out), "--deterministic"]
     if switches is not None:
@@ -127,7 +127,7 @@ def test_cli_contract_on_ranks(checkpoint, tmp_path, world, precision):
 def test_cli_rejects_bad_input(checkpoint, tmp_path):
     rl = write_section(tmp_path / "rl.json", "rl", RL)
     task = write_section(tmp_path / "task.json", "task.synthetic_arithmetic", TASK)
-    base = [sys.executable, "-m", "workflow_src.rl", "--checkpoint", str(checkpoint), "--rl-section", str(rl),
+    base = [sys.executable, "-m", "workflow_src.subjects.rl", "--checkpoint", str(checkpoint), "--rl-section", str(rl),
             "--task-section", str(task), "--steps", "1", "--out", str(tmp_path / "o")]
     for extra, msg in ((["--impl", "optimized", "--switches", "bogus"], "unknown switch"),
                        (["--impl", "baseline", "--switches", "lean_decode"], "baseline takes no switches"),
@@ -140,7 +140,7 @@ def test_cli_rejects_bad_input(checkpoint, tmp_path):
 
 def test_fourteen_deterministic_steps_bit_identical(checkpoint, tmp_path):
     """The acceptance test of every optimization switch: 14 steps, every recorded item, final digests."""
-    from workflow_src.protocol.bitwise import compare, load_run
+    from workflow_src.bitwise.compare import compare, load_run
     run_cli(checkpoint, tmp_path, "baseline", 1, steps=14, records=True, name="base")
     run_cli(checkpoint, tmp_path, "optimized", 1, steps=14, records=True, name="opt", switches=",".join(CPU_SWITCHES))
     result = compare(load_run(tmp_path / "base"), load_run(tmp_path / "opt"))
@@ -150,7 +150,7 @@ def test_fourteen_deterministic_steps_bit_identical(checkpoint, tmp_path):
 
 
 def test_two_ranks_write_rank_files_and_the_control_is_detected(checkpoint, tmp_path):
-    from workflow_src.protocol.bitwise import compare, load_run
+    from workflow_src.bitwise.compare import compare, load_run
     run_cli(checkpoint, tmp_path, "baseline", 2, records=True, name="base")
     run_cli(checkpoint, tmp_path, "optimized", 2, records=True, name="opt", switches=",".join(CPU_SWITCHES))
     ctl = sorted(set(CPU_SWITCHES) - {"batched_train"}) + ["control_reduction_order"]
@@ -169,7 +169,8 @@ def test_two_ranks_write_rank_files_and_the_control_is_detected(checkpoint, tmp_
 
 def test_chunked_grads_cover_every_parameter_and_restore_the_model():
     import torch
-    from workflow_src.rl.chunked_grad import chunked_parameter_grads
+
+    from workflow_src.subjects.rl.chunked_grad import chunked_parameter_grads
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Conv1d(1, 1, 1))
     with pytest.raises(ValueError, match=r"no chunked backward for parameters \['1.weight', '1.bias'\]"):
         with chunked_parameter_grads(model, 2):
@@ -183,7 +184,8 @@ def test_lazy_finish_checks_give_the_same_rollouts(checkpoint):
     """Reading finished flags back every few steps (as on a GPU) cuts each group where it finished."""
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
-    from workflow_src.rl.rollout import Sampling, rollout_lean
+
+    from workflow_src.subjects.rl.rollout import Sampling, rollout_lean
     tok = AutoTokenizer.from_pretrained(checkpoint)
     model = Qwen2ForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     s = Sampling(max_new_tokens=14, temperature=1.0, eos_ids=(tok.eos_token_id,), pad_id=tok.pad_token_id)
@@ -196,7 +198,7 @@ def test_lazy_finish_checks_give_the_same_rollouts(checkpoint):
 
 
 def test_gpu_only_switches_refuse_the_cpu(checkpoint):
-    from workflow_src.rl.trainer import Trainer
+    from workflow_src.subjects.rl.trainer import Trainer
     with pytest.raises(SettingsError, match="need rl.device cuda"):
         Trainer(checkpoint, RLSettings.from_dict(RL), TASK, frozenset({"fused_elementwise"}))
 
@@ -206,8 +208,9 @@ def test_piecewise_decode_steps_equal_the_lean_forward(checkpoint):
     forward's bits; on the CPU the pieces run eagerly through the same static buffers."""
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
+
     from workflow_src.model.decode_graphs import DecodeGraphs
-    from workflow_src.rl.rollout import Sampling, rollout_lean
+    from workflow_src.subjects.rl.rollout import Sampling, rollout_lean
     tok = AutoTokenizer.from_pretrained(checkpoint)
     model = Qwen2ForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     s = Sampling(max_new_tokens=14, temperature=1.0, eos_ids=(tok.eos_token_id,), pad_id=tok.pad_token_id)
@@ -237,7 +240,8 @@ def test_piecewise_decode_steps_equal_the_lean_forward(checkpoint):
 def test_graph_decode_replays_the_eager_bits_on_a_gpu(checkpoint):
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
-    from workflow_src.rl.rollout import Sampling, rollout_lean
+
+    from workflow_src.subjects.rl.rollout import Sampling, rollout_lean
     tok = AutoTokenizer.from_pretrained(checkpoint)
     model = Qwen2ForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).to("cuda")
     s = Sampling(max_new_tokens=14, temperature=1.0, eos_ids=(tok.eos_token_id,), pad_id=tok.pad_token_id)
@@ -253,8 +257,10 @@ def test_graph_capture_survives_collections_of_old_graphs_on_a_gpu(checkpoint):
     """Old decode graphs left in reference cycles, and a collector that runs at nearly every allocation,
     must not break the next capture (on an H200 a capture failed now and then before `safe_capture`)."""
     import gc
+
     import torch
     from transformers import Qwen2ForCausalLM
+
     from workflow_src.model.lean_qwen2 import LeanQwen2, Segment
     model = Qwen2ForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).to("cuda")
     ids = torch.full((4, 5), 7, device="cuda")
@@ -280,13 +286,13 @@ def test_a_killed_launch_keeps_the_steps_it_finished_and_is_named(checkpoint, tm
     the launch names the step it died in (and keeps nothing)."""
     rl = write_section(tmp_path / "rl.json", "rl", RL)
     task = write_section(tmp_path / "task.json", "task.synthetic_arithmetic", TASK)
-    subject = (f"{sys.executable} -m workflow_src.rl --impl baseline --checkpoint {checkpoint} --rl-section {rl} "
+    subject = (f"{sys.executable} -m workflow_src.subjects.rl --impl baseline --checkpoint {checkpoint} --rl-section {rl} "
                f'--task-section {task} --steps 50 --out "$SPEEDPROOF_OUT"')
     # Kill the subject (SIGKILL: nothing of it runs after) once its first step's line is written; copy the log.
     command = (f'{subject} & pid=$!; for i in $(seq 1200); do [ -s "$SPEEDPROOF_OUT/steps.jsonl" ] && break; '
                f'sleep 0.05; done; kill -9 $pid; wait $pid; status=$?; '
                f'cp "$SPEEDPROOF_OUT/steps.jsonl" {tmp_path}/partial.jsonl; exit $status')
-    proc = subprocess.run([sys.executable, "-m", "workflow_src.protocol.launch", "--launch", "A", "--mode",
+    proc = subprocess.run([sys.executable, "-m", "workflow_src.speedup.launch", "--launch", "A", "--mode",
                            "production", "--steps", "50", "--command", command, "--out-dir", str(tmp_path / "A")],
                           cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})

@@ -1,12 +1,11 @@
-"""The roofline floor of a generation (engine/roofline.py): what it counts, checked against independent counts
+"""The roofline floor of a generation (bench/roofline.py): what it counts, checked against independent counts
 (the parameters by name, a step-by-step walk of the positions, torch's FLOP counter on a real prefill)."""
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from workflow_src.engine.roofline import (ceilings, copy_bandwidth, floor, generation_work, main, matmul_rate,
-                                         ridge_rows)
+from workflow_src.bench.roofline import ceilings, copy_bandwidth, floor, generation_work, main, matmul_rate, ridge_rows
 
 ARCH = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=80, max_position_embeddings=128)

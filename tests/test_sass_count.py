@@ -1,4 +1,4 @@
-"""Offline SASS counts of the weight-switch kernel (kernels/sass_count.py): Triton compiles for sm_90 here, without
+"""Offline SASS counts of the weight-switch kernel (bench/sass_count.py): Triton compiles for sm_90 here, without
 a GPU, with the ptxas and cuobjdump its wheel bundles."""
 import os
 
@@ -9,7 +9,8 @@ BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 pytestmark = pytest.mark.skipif(not all(os.path.exists(os.path.join(BIN, b)) for b in ("ptxas", "cuobjdump")),
                                 reason="triton's bundled ptxas/cuobjdump are missing")
 
-from workflow_src.kernels import perturb, sass_count  # noqa: E402
+from workflow_src.bench import sass_count  # noqa: E402
+from workflow_src.kernels import perturb  # noqa: E402
 
 
 def test_variants_are_vectorized_and_words_issues_fewest_alu_instructions(tmp_path):

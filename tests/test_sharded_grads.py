@@ -1,4 +1,4 @@
-"""batched_train's gradient reduction under FSDP2 (workflow_src/rl/sharded_grads.py), on 3 gloo ranks.
+"""batched_train's gradient reduction under FSDP2 (workflow_src/subjects/rl/sharded_grads.py), on 3 gloo ranks.
 
 The baseline: one forward/backward per micro-batch, FSDP2 reduce-scattering each. The candidate: one
 forward/backward for all micro-batches, chunked_parameter_grads handing each micro-batch's gradient to
@@ -9,7 +9,6 @@ reduce-scatter (what batched_train did on several ranks before) must differ.
 """
 import json
 
-import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -46,8 +45,9 @@ def _grads(model):
 
 def _worker(rank, init_file, out_file):
     import torch.distributed as dist
-    from workflow_src.rl.chunked_grad import chunked_parameter_grads
-    from workflow_src.rl.sharded_grads import reduce_scatter_accumulate
+
+    from workflow_src.subjects.rl.chunked_grad import chunked_parameter_grads
+    from workflow_src.subjects.rl.sharded_grads import reduce_scatter_accumulate
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO
 from test_workflow import TINY
 

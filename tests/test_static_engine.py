@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 import torch
-
 from test_rl_subject import TASK
+
 from workflow_src.engine import ThroughputMeter, make_engine
 from workflow_src.engine.attention import attention_backend
 from workflow_src.engine.hf import HFEngine
@@ -195,7 +195,8 @@ def test_graph_replay_equals_eager_decode(model_and_tokenizer, prompts, attentio
 
 def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
     import json
-    from workflow_src.engine.bench import main
+
+    from workflow_src.bench.engine import main
     out = tmp_path / "bench.json"
     main(["--tiny", "--shapes", "0.5B", "--prompts", "5", "--prompt-chars", "12", "--new-tokens", "6",
           "--batch", "4", "--seeds", "2", "--profile", "3", "--device", "cpu", "--out", str(out),
@@ -213,7 +214,7 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
     assert set(doc["population"]["engines"]) == {"static", "static:span=4"}
     assert len(doc["population"]["engines"]["static"]["seed_seconds"]) == 2
     assert doc["population"]["engines"]["static"]["seeds_per_s_after_first"] > 0
-    # each engine against the roofline floor of the same workload (engine/roofline.py; tests/test_roofline.py)
+    # each engine against the roofline floor of the same workload (bench/roofline.py; tests/test_roofline.py)
     assert doc["ceilings"]["copy"]["gb_per_s"] > 0 and doc["ceilings"]["matmul"]["tflop_per_s"] > 0
     fl = doc["shapes"]["0.5B"]["floor"]
     assert fl["work"]["prompts"] == 5 and fl["work"]["generated_tokens"] == 5 * 6 and fl["work"]["decode_steps"] == 2 * 5
@@ -235,7 +236,8 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
 
 def test_decode_steps_cli_times_variants_and_compares_their_logits(tmp_path):
     import json
-    from workflow_src.engine.decode_steps import main, variant_options
+
+    from workflow_src.bench.decode_steps import main, variant_options
     out = tmp_path / "steps.json"
     main(["--tiny", "--shape", "0.5B", "--batch", "3", "--prompt-chars", "10", "--new-tokens", "20", "--reps", "2",
           "--device", "cpu", "--variants", "plain", "packed", "--out", str(out)])

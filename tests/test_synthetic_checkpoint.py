@@ -12,7 +12,7 @@ import torch
 from transformers import AutoTokenizer, Qwen2ForCausalLM
 
 from workflow_src.checkpoints import synthetic
-from workflow_src.engine.hf import greedy_generate
+from workflow_src.model.greedy import greedy_generate
 from workflow_src.tasks import synthetic_arithmetic as task
 
 TASK = {

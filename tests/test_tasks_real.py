@@ -7,6 +7,7 @@ datasets' columns); nothing is downloaded: Hub access is mocked or forced offlin
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,13 +16,17 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import write_section
+
 from workflow_src.provenance.hashing import sha256_file
-from workflow_src.tasks import answers, gsm8k, heldout_text, math500
-from workflow_src.tasks import synthetic_arithmetic
+from workflow_src.tasks import answers, gsm8k, heldout_text, math500, synthetic_arithmetic
 from workflow_src.tasks.answers import (
-    extract_boxed, extract_gsm8k, extract_gsm8k_strict, extract_math, last_boxed, math_equivalent,
+    extract_boxed,
+    extract_gsm8k,
+    extract_gsm8k_strict,
+    extract_math,
+    last_boxed,
+    math_equivalent,
     normalize_math_answer,
 )
 from workflow_src.tasks.datafiles import DataFileError
@@ -239,7 +244,6 @@ def test_math_equivalent_from_many_threads(shared_pool):
         got = list(ex.map(lambda p: math_equivalent(*p), pairs))
     assert got == [True] * len(EQUIVALENT) + [False] * len(NOT_EQUIVALENT) + \
         [True] * len(EQUIVALENT) + [False] * len(NOT_EQUIVALENT)
-    assert shared_pool.started <= answers.MATH_VERIFY_MAX_WORKERS
 
 
 def test_math_equivalent_gives_up_on_a_hang_and_recovers(fresh_pool):
@@ -249,15 +253,23 @@ def test_math_equivalent_gives_up_on_a_hang_and_recovers(fresh_pool):
     assert not math_equivalent("9^{9^{9^{9}}}", "10^{10^{10^{10}}}", timeout_s=1)
     assert time.monotonic() - t0 < 10
     assert math_equivalent("2\\sqrt{2}", "\\sqrt{8}")        # a fresh worker takes over
-    assert fresh_pool.started <= answers.MATH_VERIFY_MAX_WORKERS
 
 
-def test_math_equivalent_survives_a_worker_that_dies(fresh_pool, monkeypatch):
-    import sys
-    monkeypatch.setattr(answers, "_worker_argv", lambda: [sys.executable, "-c", "pass"])
-    assert not math_equivalent("\\frac{1}{2}", "0.5")         # no verdict: the string result
-    assert math_equivalent("\\dfrac{1}{2}", "\\frac12")       # equal normalized strings need no worker
-    assert fresh_pool.started == 0                            # the dead worker was forgotten
+def _exit_worker(*_):
+    os._exit(3)
+
+
+def test_math_equivalent_survives_a_worker_that_dies(monkeypatch):
+    pool = answers._Pool(task=_exit_worker)
+    monkeypatch.setattr(answers, "_POOL", pool)
+    answers._math_verify.cache_clear()
+    try:
+        assert not math_equivalent("\\frac{1}{2}", "0.5")         # no verdict: the string result
+        assert math_equivalent("\\dfrac{1}{2}", "\\frac12")       # equal normalized strings need no worker
+        assert not math_equivalent("\\sqrt{8}", "2\\sqrt{2}")      # and the pool still answers after a death
+    finally:
+        pool.shutdown()
+        answers._math_verify.cache_clear()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -350,7 +362,7 @@ def test_gsm8k_limit_template_and_jsonl(tmp_path):
     splits = gsm8k.load(spec)
     assert [p.id for p in splits["train"]] == ["gsm8k-train-00000", "gsm8k-train-00001"]
     assert splits["test"][1].prompt == "Q: What is 10 less than 15?\nA:"
-    with pytest.raises(DataFileError, match="prompt_template.*{question}"):
+    with pytest.raises(DataFileError, match="prompt_template.*question"):
         gsm8k.load({**spec, "prompt_template": "no placeholder"})
 
 

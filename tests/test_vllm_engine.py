@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from conftest import REPO, write_section
 from test_randopt_model import CKPT, RANDOPT, TASK, _cli, _run_all
+
 from workflow_src.randopt.runtime import read_meta
 
 VLLM_PYTHON = Path(os.environ.get("SPEEDPROOF_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
@@ -48,8 +48,9 @@ def checkpoint(tmp_path_factory):
 def test_answers_and_perturbations_equal_hf(checkpoint, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from workflow_src.engine import make_engine
-    from workflow_src.randopt.perturb import Perturber
+    from workflow_src.engine.perturber import Perturber
     from workflow_src.tasks.synthetic_arithmetic import make_splits
     prompts = [p.prompt for p in make_splits(TASK)["test"]]
     out = tmp_path / "vllm.json"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO
+
 from workflow_src.provenance.hashing import sha256_file
 
 pytestmark = pytest.mark.workflow
@@ -98,7 +98,7 @@ def test_randopt_preset_plans_the_randopt_evidence_only(tmp_path, preset, task, 
     assert not {"speedup_launch", "speedup_next_launch", "deterministic_run", "operator_checks"} & set(jobs)
     assert f"--source {source}" in proc.stdout
     assert (source == "hf") == ("a09a35458c702b33eeacc393d103063234e8bc28" in proc.stdout)
-    assert f'"engine": "static"' in proc.stdout and f"task.{task}" in proc.stdout
+    assert '"engine": "static"' in proc.stdout and f"task.{task}" in proc.stdout
 
 
 def test_vllm_overlay_plans_generation_in_the_vllm_environment(tmp_path):

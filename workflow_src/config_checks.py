@@ -10,33 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """One or more cross-field problems; the message lists each with its key path."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("config: " + ("; ".join(problems) if len(problems) == 1 else
-                                        f"{len(problems)} problems:\n  - " + "\n  - ".join(problems)))
+from workflow_src.config_schema import ConfigError
+from workflow_src.config_schema import problems as schema_violations
 
 
 def schema_problems(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     """One short line per schema violation, named by key path (Snakemake's own message dumps the whole schema)."""
-    import jsonschema
-
-    validator = jsonschema.validators.validator_for(schema)(schema)
-    problems = []
-    for error in sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path]):
-        path = ".".join(str(p) for p in error.absolute_path) or "(top level)"
-        message = error.message if len(error.message) <= 300 else error.message[:297] + "..."
-        problems.append(f"{path}: {message}")
-    return problems
+    return schema_violations(config, schema)
 
 
 def speedup_problems(config: dict[str, Any], schema: dict[str, Any] | None = None) -> list[str]:
     """Each comparison's subject can run, its reward services exist, its rl settings are rl settings (of the
     rl schema's types, given the schema), and its two sides do the same work."""
-    from .rl.settings import IMPLEMENTATION_SETTINGS, RLSettings
+    from workflow_src.subjects.rl.settings import IMPLEMENTATION_SETTINGS, RLSettings
 
     rl_schema = (schema or {}).get("properties", {}).get("rl")
 
@@ -104,27 +90,26 @@ def randopt_problems(config: dict[str, Any]) -> list[str]:
 def bitwise_problems(config: dict[str, Any]) -> list[str]:
     """The reference is a configured run of the same subject as every other run; each external run has a
     command (its own or speedup.external's of its side) and no rl run has one."""
-    bitwise = config.get("bitwise", {})
-    runs = bitwise.get("runs", {})
-    external = config.get("speedup", {}).get("external", {})
+    runs = config["bitwise"]["runs"]
+    external = config["speedup"]["external"]
     problems = []
-    reference = bitwise.get("reference", "baseline")
+    reference = config["bitwise"]["reference"]
     if reference not in runs:
         problems.append(f"bitwise.reference: {reference!r} is not a run in bitwise.runs (known: "
                         f"{', '.join(sorted(runs)) or 'none'})")
-    ref_subject = runs.get(reference, {}).get("subject", "rl")
+    ref_subject = runs[reference]["subject"] if reference in runs else None
     for name, run in sorted(runs.items()):
         where = f"bitwise.runs.{name}"
-        subject = run.get("subject", "rl")
+        subject = run["subject"]
         if subject == "external":
-            side = run.get("impl")
+            side = run["impl"]
             if not run.get("command") and not external.get(side):
                 problems.append(f"{where}: an external run needs a shell command: set {where}.command, or "
                                 f"speedup.external.{side} (the default of a run with impl {side})")
         elif run.get("command"):
             problems.append(f"{where}.command: only external runs take a command ({where}.subject is {subject}, "
-                            "which runs python -m workflow_src.rl)")
-        if reference in runs and name != reference and subject != ref_subject:
+                            "which runs python -m workflow_src.subjects.rl)")
+        if ref_subject is not None and name != reference and subject != ref_subject:
             problems.append(f"{where}.subject is {subject} but the reference bitwise.runs.{reference} is "
                             f"{ref_subject}: records of different subjects are never bit-comparable (run the "
                             "other subject's runs in a config of their own, with a reference of that subject)")

@@ -11,10 +11,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..provenance.atomic import atomic_directory
-from ..provenance.stamp import load_config_section
-from . import CheckpointError
-from .manifest import write_manifest
+from workflow_src.checkpoints import CheckpointError
+from workflow_src.checkpoints.manifest import write_manifest
+from workflow_src.config_schema import ConfigError, resolve
+from workflow_src.provenance.atomic import atomic_directory
+from workflow_src.provenance.stamp import load_config_section
 
 
 def build_checkpoint(name: str, source: str, spec: dict, task: dict | None, out: Path,
@@ -23,24 +24,24 @@ def build_checkpoint(name: str, source: str, spec: dict, task: dict | None, out:
     expected = spec.get("expected_manifest")
     with atomic_directory(out) as staging:
         if source == "synthetic":
-            from .synthetic import build
+            from workflow_src.checkpoints.synthetic import build
             if task is None:
                 raise CheckpointError("checkpoint.source synthetic needs the task.synthetic_arithmetic section")
             build(spec, task, staging, progress=progress)
             identity = {"synthetic": spec, "task": task}
         elif source == "random":
-            from .random_init import build
+            from workflow_src.checkpoints.random_init import build
             if task is None:
                 raise CheckpointError("checkpoint.source random needs the task.synthetic_arithmetic section "
                                       "(its tokenizer)")
             build(spec, task, staging, progress=progress)
             identity = {"random": spec, "task": task}
         elif source == "hf":
-            from .hub import fetch
+            from workflow_src.checkpoints.hub import fetch
             fetch(spec, staging)
             identity = {k: spec[k] for k in ("repo_id", "revision", "allow_patterns")}
         elif source == "local":
-            from .local import fetch
+            from workflow_src.checkpoints.local import fetch
             fetch(spec, staging)
             identity = {"path": str(spec["path"])}
         else:
@@ -49,18 +50,22 @@ def build_checkpoint(name: str, source: str, spec: dict, task: dict | None, out:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--name", required=True)
-    ap.add_argument("--source", required=True, choices=["synthetic", "random", "hf", "local"])
-    ap.add_argument("--source-section", required=True, help="results/config/checkpoint.<source>.json")
-    ap.add_argument("--task-section", help="results/config/task.synthetic_arithmetic.json (synthetic and random)")
-    ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--no-progress", action="store_true")
-    a = ap.parse_args(argv)
-    spec = load_config_section(a.source_section)["value"]
-    task = load_config_section(a.task_section)["value"] if a.task_section else None
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--source", required=True, choices=["synthetic", "random", "hf", "local"])
+    parser.add_argument("--source-section", required=True, help="results/config/checkpoint.<source>.json")
+    parser.add_argument("--task-section", help="results/config/task.synthetic_arithmetic.json (synthetic and random)")
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
     try:
-        doc = build_checkpoint(a.name, a.source, spec, task, a.out, progress=not a.no_progress)
+        spec = resolve(f"checkpoint.{args.source}", load_config_section(args.source_section)["value"])
+        task = (resolve("task.synthetic_arithmetic", load_config_section(args.task_section)["value"])
+                if args.task_section else None)
+    except ConfigError as e:
+        raise SystemExit(f"checkpoint: {e}") from None
+    try:
+        doc = build_checkpoint(args.name, args.source, spec, task, args.out, progress=not args.no_progress)
     except CheckpointError as e:
         print(f"checkpoint: {e}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from . import CheckpointError
+from workflow_src.checkpoints import CheckpointError
 
 
 def copy_file(src: Path, dst: Path) -> None:

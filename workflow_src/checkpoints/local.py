@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from . import CheckpointError
+from workflow_src.checkpoints import CheckpointError
 
 
 def fetch(spec: dict[str, Any], staging: Path) -> None:

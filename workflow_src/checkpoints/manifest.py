@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..provenance.hashing import hash_tree, sha256_json
-from . import CheckpointError
+from workflow_src.checkpoints import CheckpointError
+from workflow_src.provenance.hashing import hash_tree, sha256_json
 
 MANIFEST_NAME = "MANIFEST.json"
 FORMAT = "speedproof.checkpoint-manifest/1"
@@ -67,7 +67,7 @@ def check_safetensors_headers(directory: Path, files: dict[str, Any], where: str
 def write_manifest(directory: Path, model: str, source: str, source_spec: dict[str, Any],
                    expected_manifest: str | Path | None = None) -> dict[str, Any]:
     """Hash `directory`, verify it against `expected_manifest` if given, and write MANIFEST.json into it."""
-    from ..provenance.atomic import atomic_write_json
+    from workflow_src.provenance.atomic import atomic_write_json
 
     files = hash_tree(directory, exclude=(MANIFEST_NAME,))
     refuse_pickles(files, f"checkpoint {model!r}")

@@ -23,11 +23,11 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-from ..model.shapes import architecture
-from ..progress import progress_bar
-from ..tasks import synthetic_arithmetic as task
-from . import CheckpointError
-from .tokenizer import build_tokenizer
+from workflow_src.checkpoints import CheckpointError
+from workflow_src.checkpoints.tokenizer import build_tokenizer
+from workflow_src.model.shapes import architecture
+from workflow_src.progress import progress_bar
+from workflow_src.tasks import synthetic_arithmetic as task
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 

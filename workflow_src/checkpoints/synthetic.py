@@ -25,13 +25,13 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from ..engine.hf import greedy_generate
-from ..progress import progress_bar
-from ..provenance.atomic import atomic_write_json
-from ..tasks import synthetic_arithmetic as task
-from ..tasks.answers import grade
-from . import CheckpointError
-from .tokenizer import build_tokenizer
+from workflow_src.checkpoints import CheckpointError
+from workflow_src.checkpoints.tokenizer import build_tokenizer
+from workflow_src.model.greedy import greedy_generate
+from workflow_src.progress import progress_bar
+from workflow_src.provenance.atomic import atomic_write_json
+from workflow_src.tasks import synthetic_arithmetic as task
+from workflow_src.tasks.answers import grade
 
 LOG_NAME = "pretraining_log.json"
 # Training losses are logged as means over windows of this many steps: enough to plot the

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..provenance.hashing import sha256_file
-from . import CheckpointError
-from .manifest import FORMAT, MANIFEST_NAME
+from workflow_src.checkpoints import CheckpointError
+from workflow_src.checkpoints.manifest import FORMAT, MANIFEST_NAME
+from workflow_src.provenance.hashing import sha256_file
 
 REBUILD = "snakemake --cores all --forcerun checkpoint"
 # Snakemake marks a finished directory output with this file; it is not part of the checkpoint.
@@ -110,9 +110,9 @@ def verified_checkpoint(directory: str | Path) -> Path:
 
 def _main(argv: list[str] | None = None) -> None:
     import argparse
-    ap = argparse.ArgumentParser(description="Check a checkpoint directory against its MANIFEST.json.")
-    ap.add_argument("directory", type=Path)
-    args = ap.parse_args(argv)
+    parser = argparse.ArgumentParser(description="Check a checkpoint directory against its MANIFEST.json.")
+    parser.add_argument("directory", type=Path)
+    args = parser.parse_args(argv)
     try:
         verify_checkpoint(args.directory)
     except CheckpointError as e:

@@ -1,6 +1,6 @@
 """Engines: batched generation backends behind one calling convention (prompts in, completions out).
 
-DESIGN §9 names three backends: `hf` (transformers `generate`, the reference; `engine/hf.py`),
+docs/design.md §9 names three backends: `hf` (transformers `generate`, the reference; `engine/hf.py`),
 `static` (own static-KV, CUDA-graph engine; `engine/static.py`) and `vllm` (vLLM, perturbations applied
 inside its workers; `engine/vllm_engine.py`). `vllm` needs its own environment (`make vllm-env`); where
 vllm is not importable, asking for it raises EngineNotBuilt instead of silently using hf.
@@ -9,7 +9,15 @@ The interface and the throughput meter are in `engine/base.py`.
 
 from __future__ import annotations
 
-from .base import DEFAULT_PHASE, PHASE_KEYS, Engine, EngineNotBuilt, PhaseStats, ThroughputMeter, merge_throughput
+from workflow_src.engine.base import (
+    DEFAULT_PHASE,
+    PHASE_KEYS,
+    Engine,
+    EngineNotBuilt,
+    PhaseStats,
+    ThroughputMeter,
+    merge_throughput,
+)
 
 ENGINES = ("hf", "static", "vllm")
 BUILT = ("hf", "static", "vllm")
@@ -21,13 +29,13 @@ def make_engine(name: str, model, tokenizer, batch_size: int, meter: ThroughputM
     `vllm` loads the checkpoint itself: `vllm_options` are VLLMEngine's (checkpoint, dtype, device, ...),
     and weights change through its `perturber()`, not through `model`."""
     if name == "hf":
-        from .hf import HFEngine
+        from workflow_src.engine.hf import HFEngine
         return HFEngine(model, tokenizer, batch_size, meter=meter, progress=progress)
     if name == "static":
-        from .static import StaticEngine
+        from workflow_src.engine.static import StaticEngine
         return StaticEngine(model, tokenizer, batch_size, meter=meter, progress=progress)
     if name == "vllm":
-        from .vllm_engine import VLLMEngine
+        from workflow_src.engine.vllm_engine import VLLMEngine
         return VLLMEngine(batch_size=batch_size, meter=meter, progress=progress, **vllm_options)
     raise ValueError(f"unknown engine {name!r}; known: {list(ENGINES)}")
 

@@ -1,4 +1,4 @@
-"""Which attention implementation an engine runs, for every record (DESIGN §9).
+"""Which attention implementation an engine runs, for every record (docs/design.md §9).
 
 `hf` attends through PyTorch's scaled_dot_product_attention (its model is loaded with
 attn_implementation="sdpa"), and so does every prefill. The `static` engine's decode steps attend through

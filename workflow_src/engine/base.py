@@ -1,4 +1,4 @@
-"""The engine interface and the throughput meter every engine reports into (DESIGN §9, §7 "Throughput").
+"""The engine interface and the throughput meter every engine reports into (docs/design.md §9, §7 "Throughput").
 
     engine = make_engine("hf", model, tokenizer, batch_size=64, meter=meter)
     with meter.phase("sampling"):
@@ -127,4 +127,4 @@ class Engine(Protocol):
 
 
 class EngineNotBuilt(NotImplementedError):
-    """A backend named by DESIGN §9 that does not exist yet."""
+    """A backend named by docs/design.md §9 that does not exist yet."""

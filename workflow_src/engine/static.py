@@ -38,15 +38,15 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..kernels.decode_attention import DEFAULT_LAUNCH, Launch, decode_attention
-from ..kernels.rope_cache import rope_cache as rope_cache_fused, rope_cache_reference
-from ..kernels.swiglu import silu_mul
-from ..model.graph_capture import safe_capture
-from ..model.lean_qwen2 import LeanQwen2, Segment
-from ..model.packed_projections import pack_projections
-from .base import DEFAULT_PHASE, ThroughputMeter
-from .hf import stop_token_ids
-
+from workflow_src.engine.base import DEFAULT_PHASE, ThroughputMeter
+from workflow_src.kernels.decode_attention import DEFAULT_LAUNCH, Launch, decode_attention
+from workflow_src.kernels.rope_cache import rope_cache as rope_cache_fused
+from workflow_src.kernels.rope_cache import rope_cache_reference
+from workflow_src.kernels.swiglu import silu_mul
+from workflow_src.model.graph_capture import safe_capture
+from workflow_src.model.greedy import stop_token_ids
+from workflow_src.model.lean_qwen2 import LeanQwen2, Segment
+from workflow_src.model.packed_projections import pack_projections
 
 ATTENTION = ("sdpa", "triton")
 

@@ -22,8 +22,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..randopt.perturb import LaidOut, _names_hash
-from .base import DEFAULT_PHASE, EngineNotBuilt, ThroughputMeter
+from workflow_src.engine.base import DEFAULT_PHASE, EngineNotBuilt, ThroughputMeter
+from workflow_src.engine.perturber import LaidOut, layout_names_sha256
 
 WORKER_EXTENSION = "workflow_src.engine.vllm_worker.PerturbationExtension"
 
@@ -47,7 +47,7 @@ class VLLMEngine:
         if batch_size < 1:
             raise ValueError(f"vllm engine: batch_size must be >= 1, got {batch_size}")
         vllm = _import_vllm()
-        from ..checkpoints.verify import verified_checkpoint
+        from workflow_src.checkpoints.verify import verified_checkpoint
         checkpoint = verified_checkpoint(checkpoint)  # vLLM reads the files itself: check them first
         self.meter = meter if meter is not None else ThroughputMeter()
         self.progress, self.batch_size = progress, batch_size
@@ -103,7 +103,7 @@ class WorkerPerturber(LaidOut):
 
     def describe(self) -> dict:
         return {"backend": "vllm-worker-reference", "parameters": len(self.layout), "elements": self.numel,
-                "names_sha256": _names_hash(self.layout)}
+                "names_sha256": layout_names_sha256(self.layout)}
 
 
 class PairedPerturber:

@@ -29,7 +29,7 @@ def checkpoint_tensors(directory: str | Path, dtype: torch.dtype) -> dict[str, t
     model with tied embeddings (transformers names that parameter once, as the embedding)."""
     from safetensors.torch import load_file
 
-    from ..checkpoints.verify import verified_checkpoint
+    from workflow_src.checkpoints.verify import verified_checkpoint
     directory = verified_checkpoint(directory)  # this worker's own check: it may run in a process of its own
     config = json.loads((directory / "config.json").read_text())
     tensors: dict[str, torch.Tensor] = {}
@@ -42,15 +42,15 @@ def checkpoint_tensors(directory: str | Path, dtype: torch.dtype) -> dict[str, t
 
 def select_names(names, include, exclude) -> list[str]:
     """`Perturber`'s rule on names: matches an include pattern and no exclude pattern."""
-    from ..randopt.perturb import _matches
-    return sorted(n for n in names if _matches([n], include) and not _matches([n], exclude))
+    from workflow_src.engine.perturber import matches_any
+    return sorted(n for n in names if matches_any([n], include) and not matches_any([n], exclude))
 
 
 class PerturbationExtension:
     """Mixed into vLLM's worker class (`worker_extension_cls`); `self` is the worker."""
 
     def speedproof_perturb_setup(self, include: list[str], exclude: list[str]) -> dict:
-        from ..randopt import noise
+        from workflow_src.noise import speedproof as noise
         runner = self.model_runner
         params = list(runner.model.parameters())
         tensors = checkpoint_tensors(runner.model_config.model, params[0].dtype)
@@ -68,7 +68,7 @@ class PerturbationExtension:
 
     @torch.no_grad()
     def speedproof_perturb(self, seed: int, sigma: float) -> None:
-        from ..randopt import noise
+        from workflow_src.noise import speedproof as noise
         noise.check_seed(seed)
         replaced = {}
         for name, offset, _ in self._speedproof_layout:

@@ -15,7 +15,7 @@ online softmax in fp32. No mask tensor, and no span: one captured graph serves e
 among that many programs (flash-decoding: more programs streaming the cache at once), whose partial maxima,
 denominators and sums a second kernel combines in split order. The engine uses `DEFAULT_LAUNCH` (one split,
 32 keys per block, 4 warps, 3 stages): the fastest of 24 launches at every position on the H200
-(`kernels/bench_decode_attention.py`; docs/benchmarks/2026-12-01-h200-weight-switch-and-attention.md).
+(`bench/decode_attention.py`; docs/benchmarks/2026-12-01-h200-weight-switch-and-attention.md).
 
 Not bit-equal to SDPA (another summation order and exp2 in place of exp); deterministic: no atomics, each
 output written by one program, the keys and splits visited in one fixed order, so the same inputs give the
@@ -32,8 +32,7 @@ import math
 
 import torch
 
-from .swiglu import jit_in_mode, resolve_interpret, tl, triton
-
+from workflow_src.kernels.triton_common import jit_in_mode, resolve_interpret, tl, triton
 
 
 def decode_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,

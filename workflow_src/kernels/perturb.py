@@ -1,8 +1,8 @@
-"""RandOpt's fused reconstruct: target ← base + σ·R(seed, offset + j), one pass, in place (DESIGN §7).
+"""RandOpt's fused reconstruct: target ← base + σ·R(seed, offset + j), one pass, in place (docs/design.md §7).
 
 The Triton kernel reads the resident base copy and writes the (possibly graph-captured) target
 tensor's storage; it hashes the global element index itself (MurmurHash3_x86_32 of the index's
-8 little-endian bytes, the seed as the hash seed: `workflow_src/randopt/noise.py` and
+8 little-endian bytes, the seed as the hash seed: `workflow_src/noise/speedproof.py` and
 docs/randopt-noise.md are the spec) and rounds the fp32 sum to bf16/fp16 by hand (nearest even) from
 the fp32 bits: the Triton interpreter truncates on `.to(bfloat16)`, and bit-level rounding is the
 same on every backend. bf16/fp16 tensors travel as int16 views of their bits.
@@ -29,9 +29,9 @@ try:
 except ImportError:  # pragma: no cover - the receipt then reports these cases as errors
     triton = tl = None
 
-from ..randopt import noise
-from .common import DTYPES, Case
-from .swiglu import jit_in_mode, resolve_interpret
+from workflow_src.kernels.common import DTYPES, Case
+from workflow_src.kernels.triton_common import jit_in_mode, resolve_interpret
+from workflow_src.noise import speedproof as noise
 
 # The launch the Perturber's graph uses: the fastest of bench_perturb's sweep of the `words` variant on the
 # H200, within a few per cent of 1024/2 and 4096/4 (docs/benchmarks/2026-12-01-h200-words-and-rmsnorm.md).
@@ -160,26 +160,27 @@ def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
         tl.store(target_ptr + local, r.to(tl.uint16).to(tl.int16, bitcast=True), mask=mask)
 
 
-def _words_block(bw, tw, g0, seed, sigma_bits, count, BLOCK: tl.constexpr, WRAP: tl.constexpr,
-                 MASKED: tl.constexpr):
-    """One block of BLOCK bf16 elements from the words at `bw` to the words at `tw` (int32 pointers; the even
-    element in the low half), global index of the first element g0; MASKED: only the first `count` words.
+def _words_block(base_words, target_words, first_index, seed, sigma_bits, count, BLOCK: tl.constexpr,
+                 WRAP: tl.constexpr, MASKED: tl.constexpr):
+    """One block of BLOCK bf16 elements from the words at `base_words` to the words at `target_words` (int32
+    pointers; the even element in the low half), global index of the block's first element `first_index`;
+    MASKED: only the first `count` words.
     The same bits as `_reconstruct_body`, with fewer integer-ALU instructions per element, by a SASS count for
     sm_90 (docs/randopt-noise.md): one load and one store per two elements; the per-element high-word select
     only where the low word may wrap inside the block (WRAP); NaN handling by two integer minimums; the
     constant right shifts as high multiplies (`umulhi`), which issue on the multiply pipe instead of the
     integer ALU."""
-    lo0 = g0.to(tl.uint32)
-    hi0 = (g0 >> 32).to(tl.uint32)
+    lo0 = first_index.to(tl.uint32)
+    hi0 = (first_index >> 32).to(tl.uint32)
     khi0 = _key_mix(hi0)
     khi1 = _key_mix(tl.add(hi0, 1, sanitize_overflow=False))
     j = tl.arange(0, BLOCK // 2)
     if MASKED:
         mask = j < count
-        w = tl.load(bw + j, mask=mask, other=0)
+        w = tl.load(base_words + j, mask=mask, other=0)
     else:
         mask = None
-        w = tl.load(bw + j)
+        w = tl.load(base_words + j)
     w = w.to(tl.uint32, bitcast=True)
     for half in tl.static_range(2):  # the even elements (low halves), then the odd ones (high halves)
         lo = tl.add((2 * j + half).to(tl.uint32), lo0, sanitize_overflow=False)
@@ -208,7 +209,7 @@ def _words_block(bw, tw, g0, seed, sigma_bits, count, BLOCK: tl.constexpr, WRAP:
         else:
             odd = rounded
     out = (odd & 0xFFFF0000) | (even >> 16)
-    tl.store(tw + j, out.to(tl.int32, bitcast=True), mask=mask)
+    tl.store(target_words + j, out.to(tl.int32, bitcast=True), mask=mask)
 
 
 def _seed_and_sigma_bits(seed, sigma, FROM_PTR: tl.constexpr):
@@ -244,17 +245,17 @@ def _reconstruct_grouped_body(table_ptr, tensor_of_ptr, seed, sigma, BLOCK: tl.c
     seed, sigma_bits = _seed_and_sigma_bits(seed, sigma, FROM_PTR)
     pid = tl.program_id(0)
     row = table_ptr + 5 * tl.load(tensor_of_ptr + pid).to(tl.int64)
-    b = pid - tl.load(row + 4)
-    w0 = b * (BLOCK // 2)
+    block = pid - tl.load(row + 4)
+    first_word = block * (BLOCK // 2)
     # 16-byte aligned (`groupable`): the unmasked path's loads and stores go 16 bytes at a time
-    bw = tl.multiple_of(tl.load(row).to(tl.pointer_type(tl.int32)), 16) + w0
-    tw = tl.multiple_of(tl.load(row + 1).to(tl.pointer_type(tl.int32)), 16) + w0
-    g0 = tl.load(row + 2) + b * BLOCK
-    count = tl.load(row + 3) - w0
-    if (count >= BLOCK // 2) & ((g0 & 0xFFFFFFFF) <= 2**32 - BLOCK):
-        _words_block(bw, tw, g0, seed, sigma_bits, count, BLOCK, False, False)
+    base_words = tl.multiple_of(tl.load(row).to(tl.pointer_type(tl.int32)), 16) + first_word
+    target_words = tl.multiple_of(tl.load(row + 1).to(tl.pointer_type(tl.int32)), 16) + first_word
+    first_index = tl.load(row + 2) + block * BLOCK
+    count = tl.load(row + 3) - first_word
+    if (count >= BLOCK // 2) & ((first_index & 0xFFFFFFFF) <= 2**32 - BLOCK):
+        _words_block(base_words, target_words, first_index, seed, sigma_bits, count, BLOCK, False, False)
     else:
-        _words_block(bw, tw, g0, seed, sigma_bits, count, BLOCK, True, True)
+        _words_block(base_words, target_words, first_index, seed, sigma_bits, count, BLOCK, True, True)
 
 
 _BODIES = {"element": _reconstruct_body, "words": _reconstruct_words_body, "grouped": _reconstruct_grouped_body}

@@ -10,7 +10,7 @@ backward's sum for the rsqrt's gradient), and fp32 addition is not associative: 
 order ATen's CUDA reduction does for the same shape (below), which depends on the width and, for fewer
 than 16 rows, on the row count. `row_sum_cuda_order` and `rms_norm_cuda_order` state that order in plain
 torch (any device), so the CPU tests check the interpreted kernels against it bit for bit, and the GPU
-check (kernels/check_rmsnorm_gpu.py) checks both the statement and the kernels against eager CUDA. The
+check (bench/rmsnorm_check.py) checks both the statement and the kernels against eager CUDA. The
 order is ATen's, as of torch 2.11 on an H200: another torch may reduce otherwise, which that check shows.
 On a CPU, eager PyTorch itself sums in another order: the fused kernels do not give CPU eager's bits.
 """
@@ -27,9 +27,23 @@ import torch
 from torch.autograd.function import once_differentiable
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-from .common import DTYPES, Case, strided
-from .swiglu import (_HELPERS, KIND, _load_f32, _round, _round_mid, _store, bits_view, check_dtype, jit_in_mode,
-                     libdevice, pick_variant, resolve_interpret, tl, triton)
+from workflow_src.kernels.common import DTYPES, Case, strided
+from workflow_src.kernels.triton_common import (
+    KIND,
+    TRITON_HELPERS,
+    bits_view,
+    check_dtype,
+    jit_in_mode,
+    libdevice,
+    load_f32,
+    pick_variant,
+    resolve_interpret,
+    round_mid,
+    round_to,
+    store_rounded,
+    tl,
+    triton,
+)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -238,9 +252,9 @@ def _lanes_sum(v, LANES: tl.constexpr):
 
 def _row_input(x_ptr, u_ptr, col, mask, RESID: tl.constexpr, KX: tl.constexpr, HAND: tl.constexpr):
     """fp32 of the normalized row's elements at `col`: x, or rnd(residual + update) (the decoder add)."""
-    v = _load_f32(x_ptr + col, mask, KX)
+    v = load_f32(x_ptr + col, mask, KX)
     if RESID:
-        v = _round(v + _load_f32(u_ptr + col, mask, KX), KX, HAND)
+        v = round_to(v + load_f32(u_ptr + col, mask, KX), KX, HAND)
     return v
 
 
@@ -259,9 +273,9 @@ def _step_terms(x_ptr, u_ptr, g_ptr, w_ptr, width, lane, k, SQUARE: tl.constexpr
     if SQUARE:
         t = xf * xf
     else:
-        g = _load_f32(g_ptr + col, mask, KY)
-        w = _load_f32(w_ptr + col, mask, KW)
-        gh = _round(_round(g * w, KY, HAND), KX, HAND)
+        g = load_f32(g_ptr + col, mask, KY)
+        w = load_f32(w_ptr + col, mask, KW)
+        gh = round_to(round_to(g * w, KY, HAND), KX, HAND)
         t = gh * xf
     return tl.where(mask, t, 0.0)
 
@@ -313,9 +327,9 @@ def _rms_fwd_body(x_ptr, u_ptr, w_ptr, y_ptr, res_ptr, r_ptr, width, s_x, s_u, s
         mask = col < width
         xf = _row_input(xp, up, col, mask, RESID, KX, HAND)
         if RESID:
-            _store(res_ptr + row * s_res + col, xf, mask, KX, HAND)
-        hb = _round_mid(xf * r, KX, HAND, SKIP)
-        _store(y_ptr + row * s_y + col, _load_f32(w_ptr + col, mask, KW) * hb, mask, KY, HAND)
+            store_rounded(res_ptr + row * s_res + col, xf, mask, KX, HAND)
+        hb = round_mid(xf * r, KX, HAND, SKIP)
+        store_rounded(y_ptr + row * s_y + col, load_f32(w_ptr + col, mask, KW) * hb, mask, KY, HAND)
 
 
 def _rms_bwd_body(g_ptr, x_ptr, w_ptr, r_ptr, gres_ptr, dx_ptr, pw_ptr, width, s_g, s_x, s_gres, s_dx, s_pw,
@@ -330,25 +344,25 @@ def _rms_bwd_body(g_ptr, x_ptr, w_ptr, r_ptr, gres_ptr, dx_ptr, pw_ptr, width, s
     for b in tl.static_range(BLOCKS):
         col = b * BLOCK + tl.arange(0, BLOCK)
         mask = col < width
-        xf = _load_f32(xp + col, mask, KX)
-        g = _load_f32(gp + col, mask, KY)
-        w = _load_f32(w_ptr + col, mask, KW)
-        hb = _round(xf * r, KX, HAND)
-        _store(pw_ptr + row * s_pw + col, g * hb, mask, KY, HAND)
-        gh = _round(_round(g * w, KY, HAND), KX, HAND)
+        xf = load_f32(xp + col, mask, KX)
+        g = load_f32(gp + col, mask, KY)
+        w = load_f32(w_ptr + col, mask, KW)
+        hb = round_to(xf * r, KX, HAND)
+        store_rounded(pw_ptr + row * s_pw + col, g * hb, mask, KY, HAND)
+        gh = round_to(round_to(g * w, KY, HAND), KX, HAND)
         if GRES and KX == 0:
-            dx = (_load_f32(gres_ptr + row * s_gres + col, mask, KX) + gh * r) + d_sq * (xf * 2.0)
+            dx = (load_f32(gres_ptr + row * s_gres + col, mask, KX) + gh * r) + d_sq * (xf * 2.0)
         else:
-            dx = _round_mid(gh * r + d_sq * (xf * 2.0), KX, HAND, SKIP)
+            dx = round_mid(gh * r + d_sq * (xf * 2.0), KX, HAND, SKIP)
             if GRES:
-                dx = dx + _load_f32(gres_ptr + row * s_gres + col, mask, KX)
-        _store(dx_ptr + row * s_dx + col, dx, mask, KX, HAND)
+                dx = dx + load_f32(gres_ptr + row * s_gres + col, mask, KX)
+        store_rounded(dx_ptr + row * s_dx + col, dx, mask, KX, HAND)
 
 
 @functools.cache
 def _rms_kernels(interpret: bool):
     return jit_in_mode(interpret, (_rms_fwd_body, _rms_bwd_body),
-                       helpers=_HELPERS + (_fold_halves, _lanes_sum, _row_input, _step_terms,
+                       helpers=TRITON_HELPERS + (_fold_halves, _lanes_sum, _row_input, _step_terms,
                                            _row_sum_body, _rsqrt))
 
 

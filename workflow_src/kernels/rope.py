@@ -37,9 +37,18 @@ from torch.autograd.function import once_differentiable
 from transformers import Qwen2Config
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding, apply_rotary_pos_emb
 
-from .common import DTYPES, Case, strided
-from .swiglu import (_HELPERS, _load_f32, _round_mid, _store, bits_view, check_dtype, jit_in_mode,
-                     pick_variant, resolve_interpret)
+from workflow_src.kernels.common import DTYPES, Case, strided
+from workflow_src.kernels.triton_common import (
+    TRITON_HELPERS,
+    bits_view,
+    check_dtype,
+    jit_in_mode,
+    load_f32,
+    pick_variant,
+    resolve_interpret,
+    round_mid,
+    store_rounded,
+)
 
 try:
     import triton
@@ -95,10 +104,10 @@ def rope_variant(variant: str | RopeVariant | None) -> RopeVariant:
 def _rotate(x1, x2, c1, c2, s1, s2, KIND: tl.constexpr, HAND: tl.constexpr, SKIP: tl.constexpr):
     """The forward's two halves before their final rounding (the store rounds them), from fp32 x, cos, sin."""
     # q * cos + rotate_half(q) * sin, rotate_half(q) = cat(-x2, x1); x * -1.0 is an exact negation
-    a1 = _round_mid(x1 * c1, KIND, HAND, SKIP)
-    b1 = _round_mid((x2 * -1.0) * s1, KIND, HAND, SKIP)
-    a2 = _round_mid(x2 * c2, KIND, HAND, SKIP)
-    b2 = _round_mid(x1 * s2, KIND, HAND, SKIP)
+    a1 = round_mid(x1 * c1, KIND, HAND, SKIP)
+    b1 = round_mid((x2 * -1.0) * s1, KIND, HAND, SKIP)
+    a2 = round_mid(x2 * c2, KIND, HAND, SKIP)
+    b2 = round_mid(x1 * s2, KIND, HAND, SKIP)
     return a1 + b1, a2 + b2
 
 
@@ -116,15 +125,15 @@ def _rope_fwd_body(x_ptr, cos_ptr, sin_ptr, out_ptr, n_rows, H, T, half,
     cr = cos_ptr + (b * scb + h * sch + t * sct)[:, None]
     sr = sin_ptr + (b * ssb + h * ssh + t * sst)[:, None]
     orow = out_ptr + (b * sob + h * soh + t * sot)[:, None]
-    x1 = _load_f32(xr + d * sxd, m, KIND)
-    x2 = _load_f32(xr + (d + half) * sxd, m, KIND)
-    c1 = _load_f32(cr + d * scd, m, KIND)
-    c2 = _load_f32(cr + (d + half) * scd, m, KIND)
-    s1 = _load_f32(sr + d * ssd, m, KIND)
-    s2 = _load_f32(sr + (d + half) * ssd, m, KIND)
+    x1 = load_f32(xr + d * sxd, m, KIND)
+    x2 = load_f32(xr + (d + half) * sxd, m, KIND)
+    c1 = load_f32(cr + d * scd, m, KIND)
+    c2 = load_f32(cr + (d + half) * scd, m, KIND)
+    s1 = load_f32(sr + d * ssd, m, KIND)
+    s2 = load_f32(sr + (d + half) * ssd, m, KIND)
     out1, out2 = _rotate(x1, x2, c1, c2, s1, s2, KIND, HAND, SKIP)
-    _store(orow + d * sod, out1, m, KIND, HAND)
-    _store(orow + (d + half) * sod, out2, m, KIND, HAND)
+    store_rounded(orow + d * sod, out1, m, KIND, HAND)
+    store_rounded(orow + (d + half) * sod, out2, m, KIND, HAND)
 
 
 def _rope_bwd_body(g_ptr, cos_ptr, sin_ptr, dx_ptr, n_rows, H, T, half,
@@ -141,23 +150,23 @@ def _rope_bwd_body(g_ptr, cos_ptr, sin_ptr, dx_ptr, n_rows, H, T, half,
     cr = cos_ptr + (b * scb + h * sch + t * sct)[:, None]
     sr = sin_ptr + (b * ssb + h * ssh + t * sst)[:, None]
     orow = dx_ptr + (b * sob + h * soh + t * sot)[:, None]
-    g1 = _load_f32(gr + d * sgd, m, KIND)
-    g2 = _load_f32(gr + (d + half) * sgd, m, KIND)
-    c1 = _load_f32(cr + d * scd, m, KIND)
-    c2 = _load_f32(cr + (d + half) * scd, m, KIND)
-    s1 = _load_f32(sr + d * ssd, m, KIND)
-    s2 = _load_f32(sr + (d + half) * ssd, m, KIND)
-    dr1 = _round_mid(g1 * s1, KIND, HAND, SKIP)  # dR = grad * sin (MulBackward0)
-    dr2 = _round_mid(g2 * s2, KIND, HAND, SKIP)
-    e1 = _round_mid(g1 * c1, KIND, HAND, SKIP)   # grad * cos (MulBackward0)
-    e2 = _round_mid(g2 * c2, KIND, HAND, SKIP)
+    g1 = load_f32(gr + d * sgd, m, KIND)
+    g2 = load_f32(gr + (d + half) * sgd, m, KIND)
+    c1 = load_f32(cr + d * scd, m, KIND)
+    c2 = load_f32(cr + (d + half) * scd, m, KIND)
+    s1 = load_f32(sr + d * ssd, m, KIND)
+    s2 = load_f32(sr + (d + half) * ssd, m, KIND)
+    dr1 = round_mid(g1 * s1, KIND, HAND, SKIP)  # dR = grad * sin (MulBackward0)
+    dr2 = round_mid(g2 * s2, KIND, HAND, SKIP)
+    e1 = round_mid(g1 * c1, KIND, HAND, SKIP)   # grad * cos (MulBackward0)
+    e2 = round_mid(g2 * c2, KIND, HAND, SKIP)
     # x[..., :half] gets dR2 (cat's second part); x[..., half:] gets -dR1 (cat's first part, NegBackward0);
     # + 0.0: the other slice's zero-filled gradient (-0 -> +0)
-    _store(orow + d * sod, _round_mid(e1 + dr2, KIND, HAND, SKIP) + 0.0, m, KIND, HAND)
-    _store(orow + (d + half) * sod, _round_mid(e2 + dr1 * -1.0, KIND, HAND, SKIP) + 0.0, m, KIND, HAND)
+    store_rounded(orow + d * sod, round_mid(e1 + dr2, KIND, HAND, SKIP) + 0.0, m, KIND, HAND)
+    store_rounded(orow + (d + half) * sod, round_mid(e2 + dr1 * -1.0, KIND, HAND, SKIP) + 0.0, m, KIND, HAND)
 
 
-ROPE_HELPERS = _HELPERS + (_rotate,)
+ROPE_HELPERS = TRITON_HELPERS + (_rotate,)
 
 
 @functools.cache

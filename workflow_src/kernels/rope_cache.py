@@ -20,9 +20,18 @@ import itertools
 
 import torch
 
-from .common import DTYPES, Case
-from .rope import ROPE_HELPERS, RopeVariant, _rotate, apply_rope, rope_table, rope_variant
-from .swiglu import _load_f32, _store, bits_view, check_dtype, jit_in_mode, resolve_interpret, tl, triton
+from workflow_src.kernels.common import DTYPES, Case
+from workflow_src.kernels.rope import ROPE_HELPERS, RopeVariant, _rotate, apply_rope, rope_table, rope_variant
+from workflow_src.kernels.triton_common import (
+    bits_view,
+    check_dtype,
+    jit_in_mode,
+    load_f32,
+    resolve_interpret,
+    store_rounded,
+    tl,
+    triton,
+)
 
 NUM_WARPS = 4
 
@@ -50,28 +59,28 @@ def _rope_cache_body(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, qo_ptr, kc_
     p = tl.load(pos_ptr + s).to(tl.int64)
     d = tl.arange(0, BLOCK_H).to(tl.int64)[None, :]
     dm = d < half
-    c1 = _load_f32(cos_ptr + p * sct + d * scd, dm, KIND)
-    c2 = _load_f32(cos_ptr + p * sct + (d + half) * scd, dm, KIND)
-    s1 = _load_f32(sin_ptr + p * sst + d * ssd, dm, KIND)
-    s2 = _load_f32(sin_ptr + p * sst + (d + half) * ssd, dm, KIND)
+    c1 = load_f32(cos_ptr + p * sct + d * scd, dm, KIND)
+    c2 = load_f32(cos_ptr + p * sct + (d + half) * scd, dm, KIND)
+    s1 = load_f32(sin_ptr + p * sst + d * ssd, dm, KIND)
+    s2 = load_f32(sin_ptr + p * sst + (d + half) * ssd, dm, KIND)
 
     hq = tl.arange(0, BLOCK_HQ).to(tl.int64)[:, None]
     mq = (hq < HQ) & dm
     qrow = q_ptr + s * sqs + hq * sqh
-    q1, q2 = _rotate(_load_f32(qrow + d * sqd, mq, KIND), _load_f32(qrow + (d + half) * sqd, mq, KIND),
+    q1, q2 = _rotate(load_f32(qrow + d * sqd, mq, KIND), load_f32(qrow + (d + half) * sqd, mq, KIND),
                      c1, c2, s1, s2, KIND, HAND, SKIP)
     orow = qo_ptr + s * sos + hq * soh
-    _store(orow + d * sod, q1, mq, KIND, HAND)
-    _store(orow + (d + half) * sod, q2, mq, KIND, HAND)
+    store_rounded(orow + d * sod, q1, mq, KIND, HAND)
+    store_rounded(orow + (d + half) * sod, q2, mq, KIND, HAND)
 
     hk = tl.arange(0, BLOCK_HK).to(tl.int64)[:, None]
     mk = (hk < HK) & dm
     krow = k_ptr + s * sks + hk * skh
-    k1, k2 = _rotate(_load_f32(krow + d * skd, mk, KIND), _load_f32(krow + (d + half) * skd, mk, KIND),
+    k1, k2 = _rotate(load_f32(krow + d * skd, mk, KIND), load_f32(krow + (d + half) * skd, mk, KIND),
                      c1, c2, s1, s2, KIND, HAND, SKIP)
     kc = kc_ptr + s * skcs + hk * skch + p * skct
-    _store(kc + d * skcd, k1, mk, KIND, HAND)
-    _store(kc + (d + half) * skcd, k2, mk, KIND, HAND)
+    store_rounded(kc + d * skcd, k1, mk, KIND, HAND)
+    store_rounded(kc + (d + half) * skcd, k2, mk, KIND, HAND)
 
     vrow = v_ptr + s * svs + hk * svh  # the value's bits as they are
     vc = vc_ptr + s * svcs + hk * svch + p * svct

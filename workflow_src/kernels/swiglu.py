@@ -18,7 +18,7 @@ those of ATen's ActivationSiluKernel.cu; nvcc builds them with IEEE division (di
 (= libdevice's __nv_expf), no flush-to-zero and a*b+c contracted into an FMA. Triton's defaults differ
 on each point (`/` is div.full.f32, tl.exp is ex2.approx, libdevice is linked with flush-to-zero), so
 the kernels take a variant (`SILU_MUL_VARIANTS`, default "nvcc") that spells each choice out; one GPU run
-of `python -m workflow_src.kernels.check_fused_gpu` reports which variant matches eager PyTorch bit for bit.
+of `python -m workflow_src.bench.fused_elementwise_check` reports which variant matches eager PyTorch bit for bit.
 
 CPU tensors run under the Triton interpreter (TRITON_INTERPRET=1 semantics, as kernels/perturb.py): numpy
 float32 arithmetic, where exp is numpy's (every exp flavour maps to it), tl.fma is a*b+c rounded twice,
@@ -28,8 +28,7 @@ claim. bf16 and fp16 tensors travel as int16 views of their bits. NaN payloads a
 
 API (differentiable): `silu_mul(gate, up, variant=None)`, `swiglu_mlp_fused(x, gate_w, up_w, down_w)`;
 without autograd: `silu_mul_forward(gate, up)`, `silu_mul_backward(grad, gate, up) -> (d_gate, d_up)`.
-The shared Triton helpers below (`jit_in_mode`, `_load_f32`, `_round`, `_store`) are also used by
-kernels/rope.py.
+The loads, roundings and stores it shares with the other kernels are in kernels/triton_common.py.
 """
 
 from __future__ import annotations
@@ -38,7 +37,6 @@ import dataclasses
 import functools
 import itertools
 import os
-import types
 
 import torch
 import torch.nn.functional as F
@@ -46,161 +44,38 @@ from torch.autograd.function import once_differentiable
 from transformers import Qwen2Config
 from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 
-try:
-    import triton
-    import triton.language as tl
-    from triton.language.extra.cuda import libdevice
-except ImportError:  # pragma: no cover - the receipt then reports the fused cases as errors
-    triton = tl = libdevice = None
-
-from .common import DTYPES, Case, strided
+from workflow_src.kernels.common import DTYPES, Case, strided
+from workflow_src.kernels.triton_common import (
+    TRITON_HELPERS,
+    bits_view,
+    check_dtype,
+    div_f32,
+    exp_f32,
+    jit_in_mode,
+    load_f32,
+    pick_variant,
+    resolve_interpret,
+    round_mid,
+    store_rounded,
+    tl,
+    triton,
+)
 
 
 def swiglu_mlp(x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_w: torch.Tensor) -> torch.Tensor:
     return F.linear(F.silu(F.linear(x, gate_w)) * F.linear(x, up_w), down_w)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Shared Triton helpers (kernels/rope.py uses them too)
-
-KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-
-
-def _load_f32(ptrs, mask, KIND: tl.constexpr):
-    """fp32 values of dtype-KIND elements (0 fp32, 1 bf16 bits in int16, 2 fp16 bits in int16); exact."""
-    if KIND == 1:
-        bits = tl.load(ptrs, mask=mask, other=0).to(tl.uint16, bitcast=True)
-        v = (bits.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-    elif KIND == 2:
-        v = tl.load(ptrs, mask=mask, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-    else:
-        v = tl.load(ptrs, mask=mask, other=0.0)
-    return v
-
-
-def _round(v, KIND: tl.constexpr, HAND: tl.constexpr):
-    """fp32 v rounded to dtype KIND (nearest even), returned as fp32. HAND: bf16 by integer arithmetic
-    (the interpreter's cast truncates); otherwise the hardware conversion (cvt.rn.bf16.f32)."""
-    if KIND == 1:
-        if HAND:
-            u = v.to(tl.uint32, bitcast=True)
-            r = (tl.add(u, 0x7FFF + ((u >> 16) & 1), sanitize_overflow=False) >> 16) << 16
-            nan = (((u >> 31) << 15) | 0x7FC0) << 16
-            r = tl.where((u & 0x7FFFFFFF) > 0x7F800000, nan, r)
-            out = r.to(tl.float32, bitcast=True)
-        else:
-            out = v.to(tl.bfloat16).to(tl.float32)
-    elif KIND == 2:
-        out = v.to(tl.float16).to(tl.float32)  # numpy's astype rounds to nearest even in the interpreter
-    else:
-        out = v
-    return out
-
-
-def _round_mid(v, KIND: tl.constexpr, HAND: tl.constexpr, SKIP: tl.constexpr):
-    """An intermediate rounding point of the eager op sequence; SKIP (negative control only) keeps fp32."""
-    if SKIP:
-        out = v
-    else:
-        out = _round(v, KIND, HAND)
-    return out
-
-
-def _store(ptrs, v, mask, KIND: tl.constexpr, HAND: tl.constexpr):
-    """Store fp32 v rounded to dtype KIND (bf16/fp16 as int16 bits)."""
-    r = _round(v, KIND, HAND)
-    if KIND == 1:
-        bits = (r.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.int16, bitcast=True)
-        tl.store(ptrs, bits, mask=mask)
-    elif KIND == 2:
-        tl.store(ptrs, r.to(tl.float16).to(tl.int16, bitcast=True), mask=mask)
-    else:
-        tl.store(ptrs, r, mask=mask)
-
-
-def _exp(x, EXP: tl.constexpr, INTERP: tl.constexpr):
-    """exp(x): 0 libdevice __nv_expf (CUDA's expf), 1 tl.exp (ex2.approx based), 2 __nv_fast_expf.
-    The interpreter has no libdevice: numpy's exp for every flavour."""
-    if INTERP:
-        e = tl.exp(x)
-    elif EXP == 0:
-        e = libdevice.exp(x)
-    elif EXP == 1:
-        e = tl.exp(x)
-    else:
-        e = libdevice.fast_expf(x)
-    return e
-
-
-def _div(a, b, DIV: tl.constexpr):
-    """a / b: 0 IEEE round-to-nearest (div.rn.f32, as nvcc's `/`), 1 Triton's `/` (div.full.f32)."""
-    if DIV == 0:
-        q = tl.math.div_rn(a, b)
-    else:
-        q = a / b
-    return q
-
-
-def _silu_f32(x, one, EXP: tl.constexpr, DIV: tl.constexpr, INTERP: tl.constexpr, FORM: tl.constexpr):
+def silu_f32(x, one, EXP: tl.constexpr, DIV: tl.constexpr, INTERP: tl.constexpr, FORM: tl.constexpr):
     """ATen silu_kernel in opmath, unrounded: FORM 0 x / (1 + exp(-x)), 1 x * (1 / (1 + exp(-x)))."""
     if FORM == 0:
-        y = _div(x, one + _exp(-x, EXP, INTERP), DIV)
+        y = div_f32(x, one + exp_f32(-x, EXP, INTERP), DIV)
     else:
-        y = x * _div(one, one + _exp(-x, EXP, INTERP), DIV)
+        y = x * div_f32(one, one + exp_f32(-x, EXP, INTERP), DIV)
     return y
 
 
-_HELPERS = (_load_f32, _round, _round_mid, _store, _exp, _div, _silu_f32)
-
-
-def jit_in_mode(interpret: bool, bodies: tuple, helpers: tuple = _HELPERS, do_not_specialize: tuple = ()) -> tuple:
-    """The kernel bodies jitted with TRITON_INTERPRET set to `interpret` (read at decoration), the helper
-    functions they call jitted in the same mode: each mode gets its own copies, bound through a private
-    globals dict, so interpreted and compiled kernels can live in one process (CPU tests beside GPU tests).
-    `do_not_specialize` names the bodies' arguments Triton must not specialize on value (those a body lacks
-    are skipped)."""
-    if triton is None:
-        raise ImportError("the fused kernels need triton (requirements.txt pins it)")
-    prev = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
-    try:
-        jitted: dict = {}
-        helper_globals = dict(helpers[0].__globals__) if helpers else {}
-
-        def copy(fn, g, skip=()):
-            new = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
-            # The tl.constexpr annotations decide which arguments are compile-time constants.
-            new.__annotations__ = dict(fn.__annotations__)
-            new.__qualname__, new.__module__, new.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
-            args = fn.__code__.co_varnames[:fn.__code__.co_argcount]
-            return triton.jit(new, do_not_specialize=[a for a in skip if a in args])
-
-        for h in helpers:  # names resolve when a kernel compiles (or runs, interpreted): after the updates
-            jitted[h.__name__] = copy(h, helper_globals)
-        helper_globals.update(jitted)
-        return tuple(copy(b, {**b.__globals__, **jitted}, do_not_specialize) for b in bodies)
-    finally:
-        if prev is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = prev
-
-
-def resolve_interpret(t: torch.Tensor, interpret: bool | None) -> bool:
-    """CPU tensors always run under the interpreter; CUDA tensors compiled unless TRITON_INTERPRET=1."""
-    if interpret is None:
-        return t.device.type == "cpu" or os.environ.get("TRITON_INTERPRET") == "1"
-    return interpret
-
-
-def check_dtype(t: torch.Tensor, what: str) -> int:
-    if t.dtype not in KIND:
-        raise TypeError(f"{what}: fused kernels take fp32, bf16 or fp16 tensors, not {t.dtype}")
-    return KIND[t.dtype]
-
-
-def bits_view(t: torch.Tensor) -> torch.Tensor:
-    return t if t.dtype == torch.float32 else t.view(torch.int16)
+SILU_MUL_HELPERS = TRITON_HELPERS + (silu_f32,)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -247,17 +122,6 @@ SILU_MUL_VARIANTS = {
 }
 
 
-def pick_variant(kernel: str, variant, table: dict, default: str):
-    """A kernel's variant: a name from `table` (None: `default`), or a variant object passed through."""
-    if variant is None:
-        variant = default
-    if isinstance(variant, str):
-        if variant not in table:
-            raise ValueError(f"unknown {kernel} variant {variant!r}; known {sorted(table)}")
-        return table[variant]
-    return variant
-
-
 def silu_mul_variant(variant: str | SiluMulVariant | None) -> SiluMulVariant:
     return pick_variant("silu_mul", variant, SILU_MUL_VARIANTS, DEFAULT_SILU_MUL_VARIANT)
 
@@ -269,10 +133,10 @@ def _silu_mul_fwd_body(gate_ptr, up_ptr, out_ptr, cols, s_gate, s_up, s_out,
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = col < cols
     one = tl.full([BLOCK], 1.0, tl.float32)
-    x = _load_f32(gate_ptr + row * s_gate + col, mask, KIND)
-    u = _load_f32(up_ptr + row * s_up + col, mask, KIND)
-    silu = _round_mid(_silu_f32(x, one, EXP, DIV, INTERP, FORM), KIND, HAND, SKIP)  # F.silu's output tensor
-    _store(out_ptr + row * s_out + col, silu * u, mask, KIND, HAND)          # silu * up
+    x = load_f32(gate_ptr + row * s_gate + col, mask, KIND)
+    u = load_f32(up_ptr + row * s_up + col, mask, KIND)
+    silu = round_mid(silu_f32(x, one, EXP, DIV, INTERP, FORM), KIND, HAND, SKIP)  # F.silu's output tensor
+    store_rounded(out_ptr + row * s_out + col, silu * u, mask, KIND, HAND)          # silu * up
 
 
 def _silu_mul_bwd_body(grad_ptr, gate_ptr, up_ptr, dgate_ptr, dup_ptr, cols,
@@ -284,24 +148,24 @@ def _silu_mul_bwd_body(grad_ptr, gate_ptr, up_ptr, dgate_ptr, dup_ptr, cols,
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = col < cols
     one = tl.full([BLOCK], 1.0, tl.float32)
-    g = _load_f32(grad_ptr + row * s_grad + col, mask, KIND)
-    x = _load_f32(gate_ptr + row * s_gate + col, mask, KIND)
-    u = _load_f32(up_ptr + row * s_up + col, mask, KIND)
-    silu = _round_mid(_silu_f32(x, one, EXP, DIV, INTERP, FORM), KIND, HAND, SKIP)  # recomputed: the forward's bits
-    _store(dup_ptr + row * s_dup + col, g * silu, mask, KIND, HAND)          # MulBackward0: grad * silu
-    d_silu = _round_mid(g * u, KIND, HAND, SKIP)                             # MulBackward0: grad * up
+    g = load_f32(grad_ptr + row * s_grad + col, mask, KIND)
+    x = load_f32(gate_ptr + row * s_gate + col, mask, KIND)
+    u = load_f32(up_ptr + row * s_up + col, mask, KIND)
+    silu = round_mid(silu_f32(x, one, EXP, DIV, INTERP, FORM), KIND, HAND, SKIP)  # recomputed: the forward's bits
+    store_rounded(dup_ptr + row * s_dup + col, g * silu, mask, KIND, HAND)          # MulBackward0: grad * silu
+    d_silu = round_mid(g * u, KIND, HAND, SKIP)                             # MulBackward0: grad * up
     # silu_backward_kernel: s = 1 / (1 + exp(-x)); dy * s * (1 + x * (1 - s))
-    s = _div(one, one + _exp(-x, EXP, INTERP), DIV)
+    s = div_f32(one, one + exp_f32(-x, EXP, INTERP), DIV)
     if FMA:
         t = tl.fma(x, one - s, one)
     else:
         t = one + x * (one - s)
-    _store(dgate_ptr + row * s_dgate + col, d_silu * s * t, mask, KIND, HAND)
+    store_rounded(dgate_ptr + row * s_dgate + col, d_silu * s * t, mask, KIND, HAND)
 
 
 @functools.cache
 def _silu_mul_kernels(interpret: bool):
-    return jit_in_mode(interpret, (_silu_mul_fwd_body, _silu_mul_bwd_body))
+    return jit_in_mode(interpret, (_silu_mul_fwd_body, _silu_mul_bwd_body), helpers=SILU_MUL_HELPERS)
 
 
 BLOCK = 1024
@@ -443,7 +307,7 @@ def eager_silu_mul(gate, up, grad):
 def fused_cases(scale: str, device: str) -> list[Case]:
     """The fused SiLU×up against eager autograd. On CUDA: act, d_gate, d_up bit for bit. Under the
     interpreter (CPU) exp is numpy's, so the exp-free outputs are compared given the kernel's own silu:
-    act = rnd(silu_k * up) and d_up = rnd(grad * silu_k) by eager ops (tests/test_fused_elementwise.py
+    act = rnd(silu_k * up) and d_up = rnd(grad * silu_k) by eager ops (tests/test_swiglu.py
     bounds silu and d_gate in ulps)."""
     shapes = ((7, 96), (3, 5, 200)) if scale == "small" else ((4 * 300, 4864), (2 * 512, 8960))
     cuda = device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1"

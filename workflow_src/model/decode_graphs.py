@@ -18,12 +18,15 @@ there; the capture itself needs a GPU.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from .graph_capture import safe_capture
-from .lean_qwen2 import LeanQwen2, Segment
+from workflow_src.model.graph_capture import safe_capture
+
+if TYPE_CHECKING:  # LeanQwen2 builds its DecodeGraphs: the names are for annotations only
+    from workflow_src.model.lean_qwen2 import LeanQwen2, Segment
 
 
 class DecodeGraphs:

@@ -18,9 +18,9 @@ from contextlib import contextmanager
 import torch
 from transformers.models.qwen2 import modeling_qwen2
 
-from ..kernels.rmsnorm import rms_norm_fused
-from ..kernels.rope import apply_rope_fused
-from ..kernels.swiglu import silu_mul
+from workflow_src.kernels.rmsnorm import rms_norm_fused
+from workflow_src.kernels.rope import apply_rope_fused
+from workflow_src.kernels.swiglu import silu_mul
 
 
 def _fused_rotary(q, k, cos, sin, unsqueeze_dim=1):

@@ -11,8 +11,8 @@ import argparse
 import json
 from typing import Any
 
-from .atomic import atomic_write_json
-from .hashing import sha256_json
+from workflow_src.provenance.atomic import atomic_write_json
+from workflow_src.provenance.hashing import sha256_json
 
 
 def section_document(section: str, value: Any) -> dict[str, Any]:
@@ -20,12 +20,12 @@ def section_document(section: str, value: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--section", required=True)
-    ap.add_argument("--value-json", required=True, help="the section's value as JSON")
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args(argv)
-    atomic_write_json(a.out, section_document(a.section, json.loads(a.value_json)))
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--section", required=True)
+    parser.add_argument("--value-json", required=True, help="the section's value as JSON")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    atomic_write_json(args.out, section_document(args.section, json.loads(args.value_json)))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Environment fingerprint (DESIGN §3) and the check of the config's version pins.
+"""Environment fingerprint (docs/design.md §3) and the check of the config's version pins.
 
 The fingerprint has two parts: identity (what decides the numbers: interpreter, platform, CPU
 model, packages, torch/CUDA stack, GPUs, determinism variables), hashed into `env_hash`; and
@@ -23,9 +23,9 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from .atomic import atomic_write_json
-from .gitinfo import git_state
-from .hashing import sha256_json
+from workflow_src.provenance.atomic import atomic_write_json
+from workflow_src.provenance.gitinfo import git_state
+from workflow_src.provenance.hashing import sha256_json
 
 VARIABLE_NAMES = ("CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
                   "PYTHONHASHSEED", "TRITON_INTERPRET")
@@ -178,51 +178,24 @@ def fingerprint(pins: dict[str, str] | None = None) -> dict[str, Any]:
     }
 
 
-def summary_rows(fp: dict[str, Any]) -> list[tuple[str, str]]:
-    t, g = fp["torch"], fp["gpu"]
-    rows = [
-        ("environment hash", fp["env_hash"][:16]),
-        ("host", fp["hostname"]),
-        ("python", f'{fp["python"]["implementation"]} {fp["python"]["version"]}'),
-        ("platform", f'{fp["platform"]["system"]} {fp["platform"]["release"]} {fp["platform"]["machine"]}'),
-        ("CPU", f'{fp["cpu"]["model"]} ({fp["cpu"]["logical_cores"]} logical, {fp["usable_cores"]} usable)'),
-        ("memory", f'{fp["memory_bytes"] / 2**30:.1f} GiB' if fp["memory_bytes"] else "unknown"),
-        ("torch", t.get("version", "not installed")),
-        ("CUDA / cuDNN / NCCL", f'{t.get("cuda")} / {t.get("cudnn")} / {t.get("nccl")}'),
-        ("triton", str(t.get("triton"))),
-        ("GPUs", ", ".join(g["models"]) or "none"),
-        ("driver", str(g["driver"])),
-        ("git", f'{fp["git"]["commit"]}{" (dirty)" if fp["git"]["dirty"] else ""}'),
-        ("packages", str(len(fp["packages"]))),
-    ]
-    rows += [(f"variable {k}", v) for k, v in fp["variables"].items()]
-    rows += [(f'pin {r["package"]}{r["required"]}', f'{r["installed"]} — {"ok" if r["ok"] else "MISMATCH"}')
-             for r in fp["pins"]]
-    return rows
-
-
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Record the environment fingerprint and check version pins.")
-    ap.add_argument("--config-section", required=True, help="results/config/environment.json")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--summary", help="also write an HTML summary table for the report")
-    a = ap.parse_args(argv)
+    parser = argparse.ArgumentParser(description="Record the environment fingerprint and check version pins.")
+    parser.add_argument("--config-section", required=True, help="results/config/environment.json")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
 
-    from .stamp import load_config_section
-    cfg = load_config_section(a.config_section)["value"]
-    fp = fingerprint(cfg.get("pins", {}))
+    from workflow_src.config_schema import resolve
+    from workflow_src.provenance.stamp import load_config_section
+    cfg = resolve("environment", load_config_section(args.config_section)["value"])
+    fp = fingerprint(cfg["pins"])
     bad = [r for r in fp["pins"] if not r["ok"]]
     for r in bad:
         print(f"pin mismatch: {r['package']} requires {r['required']}, installed {r['installed'] or 'nothing'}",
               file=sys.stderr)
-    if bad and cfg.get("on_pin_mismatch") == "fail":
+    if bad and cfg["on_pin_mismatch"] == "fail":
         names = ", ".join(r["package"] for r in bad)
         raise SystemExit(f"environment: pins not met ({names}); environment.on_pin_mismatch is 'fail'")
-    atomic_write_json(a.out, fp)
-    if a.summary:
-        from ..report.tables import html_table
-        from .atomic import atomic_write_text
-        atomic_write_text(a.summary, html_table(["item", "value"], summary_rows(fp), title="Environment"))
+    atomic_write_json(args.out, fp)
 
 
 if __name__ == "__main__":

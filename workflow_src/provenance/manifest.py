@@ -1,4 +1,4 @@
-"""The experiment manifest, results/manifests/{exp}.json (DESIGN §2).
+"""The experiment manifest, results/manifests/{exp}.json (docs/design.md §2).
 
 sha256 of every output of the experiment, plus what produced them: the full resolved config's
 hash and each config section's, the checkpoint manifest's hash, the environment hash, the git
@@ -12,10 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .atomic import atomic_write_json
-from .hashing import hash_tree, sha256_file, sha256_json
-from .sources import source_hashes
-from .stamp import provenance
+from workflow_src.provenance.atomic import atomic_write_json
+from workflow_src.provenance.hashing import hash_tree, sha256_file, sha256_json
+from workflow_src.provenance.sources import source_hashes
+from workflow_src.provenance.stamp import provenance
 
 
 def output_hashes(paths: list[str]) -> dict[str, Any]:
@@ -48,18 +48,18 @@ def build_manifest(experiment: str, config: dict[str, Any], outputs: list[str], 
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--experiment", required=True)
-    ap.add_argument("--config-json", required=True)
-    ap.add_argument("--environment")
-    ap.add_argument("--checkpoint")
-    ap.add_argument("--sections", nargs="*", default=[])
-    ap.add_argument("--outputs", nargs="+", required=True)
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args(argv)
-    doc = build_manifest(a.experiment, json.loads(a.config_json), a.outputs, a.sections, a.environment,
-                         a.checkpoint)
-    atomic_write_json(a.out, doc)
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--experiment", required=True)
+    parser.add_argument("--config-json", required=True)
+    parser.add_argument("--environment")
+    parser.add_argument("--checkpoint")
+    parser.add_argument("--sections", nargs="*", default=[])
+    parser.add_argument("--outputs", nargs="+", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    doc = build_manifest(args.experiment, json.loads(args.config_json), args.outputs, args.sections, args.environment,
+                         args.checkpoint)
+    atomic_write_json(args.out, doc)
 
 
 if __name__ == "__main__":

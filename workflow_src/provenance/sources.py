@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .hashing import sha256_file, sha256_json
+from workflow_src.provenance.hashing import sha256_file, sha256_json
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 # Only what can change behaviour: code and the data files shipped beside it.

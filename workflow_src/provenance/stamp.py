@@ -1,4 +1,4 @@
-"""The provenance block every result JSON carries (DESIGN §2)."""
+"""The provenance block every result JSON carries (docs/design.md §2)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .gitinfo import git_state
-from .hashing import sha256_file, sha256_json
-from .sources import source_hashes
+from workflow_src.provenance.gitinfo import git_state
+from workflow_src.provenance.hashing import sha256_file, sha256_json
+from workflow_src.provenance.sources import source_hashes
 
 
 def load_config_section(path: str | Path) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""RandOpt (DESIGN §7): a population of Rademacher-perturbed copies of a model, W = W0 + σ·R(seed, i),
+"""RandOpt (docs/design.md §7): a population of Rademacher-perturbed copies of a model, W = W0 + σ·R(seed, i),
 selected by train reward and combined by majority vote.
 
 `noise.py` is the specification of the noise (hash, sign convention, parameter index layout, dtype

@@ -3,6 +3,8 @@ unrounded CSV text and the sha256 of the inputs a result was computed from."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -12,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..provenance.hashing import sha256_file
+from workflow_src.provenance.hashing import sha256_file
 
 
 class ArtifactError(RuntimeError):
@@ -74,19 +76,13 @@ def cell_text(v: Any) -> str:
     return str(v)
 
 
-def csv_cell(v: Any) -> str:
-    """`cell_text`, quoted for CSV where needed."""
-    s = cell_text(v)
-    if any(c in s for c in ',"\n\r'):
-        s = '"' + s.replace('"', '""') + '"'
-    return s
-
-
 def csv_text(fields: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> str:
-    lines = [",".join(fields)]
-    for r in rows:
-        lines.append(",".join(csv_cell(r.get(f)) for f in fields))
-    return "\n".join(lines) + "\n"
+    """A header and one row per mapping, cells as `cell_text` writes them (quoted by the csv module where needed)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(fields)
+    writer.writerows([cell_text(r.get(f)) for f in fields] for r in rows)
+    return buf.getvalue()
 
 
 def answer_or_none(v: Any) -> str | None:

@@ -18,32 +18,32 @@ import sys
 
 import pandas as pd
 
-from .population import ANSWER_COLUMNS
+from workflow_src.randopt.population import ANSWER_COLUMNS
 
 BASE_TEST_FORMAT = "speedproof.randopt.base-test/1"
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ..progress import progress_bar
-    from ..provenance.atomic import atomic_write_json
-    from ..tasks.registry import get_task
-    from . import runtime
-    from .population import answer_rows
+    from workflow_src.progress import progress_bar
+    from workflow_src.provenance.atomic import atomic_write_json
+    from workflow_src.randopt import runtime
+    from workflow_src.randopt.population import answer_rows
+    from workflow_src.tasks.registry import get_task
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out-json", required=True)
-    ap.add_argument("--out-test", required=True)
-    runtime.add_common_args(ap)
-    a = ap.parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out-json", required=True)
+    parser.add_argument("--out-test", required=True)
+    runtime.add_common_args(parser)
+    args = parser.parse_args(argv)
     with runtime.config_errors("randopt.base"):
-        cfg = runtime.load_config(a)
+        cfg = runtime.load_config(args)
     s = cfg.settings
     splits = runtime.cli_splits(cfg, "randopt.base")
     train, test = splits["train"], splits["test"]
     if not train or not test:
         raise SystemExit("randopt.base: the train and test splits must not be empty")
     task = get_task(cfg.task_name)
-    bar = progress_bar(total=len(train) + len(test), desc="base model", unit="prompt", disable=a.no_progress)
+    bar = progress_bar(total=len(train) + len(test), desc="base model", unit="prompt", disable=args.no_progress)
     rt = runtime.load_runtime(cfg, perturber=False, progress=bar)
     try:
         with rt.meter.phase("base_train"):
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     }
     meta = {"format": BASE_TEST_FORMAT, "identity": cfg.identity(), "throughput": rt.meter.to_dict(),
             "provenance": doc["provenance"]}
-    runtime.write_parquet(a.out_test, pd.DataFrame(rows, columns=list(ANSWER_COLUMNS)), meta, ANSWER_COLUMNS)
-    atomic_write_json(a.out_json, doc)
+    runtime.write_parquet(args.out_test, pd.DataFrame(rows, columns=list(ANSWER_COLUMNS)), meta, ANSWER_COLUMNS)
+    atomic_write_json(args.out_json, doc)
     print(f"randopt base: train reward {doc['train']['reward_mean']:.4f}, test accuracy {doc['test']['accuracy']:.4f}",
           file=sys.stderr)
 

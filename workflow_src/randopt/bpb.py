@@ -1,4 +1,4 @@
-"""Held-out bits-per-byte of the base model and of the top-K ensemble (DESIGN §7).
+"""Held-out bits-per-byte of the base model and of the top-K ensemble (docs/design.md §7).
 
     bpb = Σ NLL_nats / (ln 2 · UTF-8 bytes)
 
@@ -196,7 +196,7 @@ def ensemble_bpb(model, perturber, members: Sequence[tuple[int, float]], chunks:
 
 
 def default_k(settings, n: int) -> int:
-    from .select import resolve_ks
+    from workflow_src.randopt.select import resolve_ks
     k = settings.bpb["k"] or max(resolve_ks(n, settings.ks, settings.k_ratios))
     return min(k, n)
 
@@ -204,32 +204,32 @@ def default_k(settings, n: int) -> int:
 # -- CLI ------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> None:
-    from ..progress import progress_bar
-    from ..provenance.atomic import atomic_write_json
-    from . import runtime
-    from .select import rank_population
+    from workflow_src.progress import progress_bar
+    from workflow_src.provenance.atomic import atomic_write_json
+    from workflow_src.randopt import runtime
+    from workflow_src.randopt.select import rank_population
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--heldout", required=True, help="JSON lines of held-out texts")
-    ap.add_argument("--population", required=True)
-    ap.add_argument("--k", type=int, help="ensemble size (default: randopt.bpb.k, else the largest K of the sweep)")
-    ap.add_argument("--out", required=True)
-    runtime.add_common_args(ap)
-    a = ap.parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--heldout", required=True, help="JSON lines of held-out texts")
+    parser.add_argument("--population", required=True)
+    parser.add_argument("--k", type=int, help="ensemble size (default: randopt.bpb.k, else the largest K of the sweep)")
+    parser.add_argument("--out", required=True)
+    runtime.add_common_args(parser)
+    args = parser.parse_args(argv)
     with runtime.config_errors("randopt.bpb"):
-        cfg = runtime.load_config(a)
-    pop, pop_meta = runtime.read_population(a.population)
-    runtime.check_same_population(cfg, pop_meta, a.population)
-    k = a.k if a.k is not None else default_k(cfg.settings, len(pop))
+        cfg = runtime.load_config(args)
+    pop, pop_meta = runtime.read_population(args.population)
+    runtime.check_same_population(cfg, pop_meta, args.population)
+    k = args.k if args.k is not None else default_k(cfg.settings, len(pop))
     if not 1 <= k <= len(pop):
         raise SystemExit(f"randopt.bpb: --k {k} outside 1..{len(pop)}")
     top = rank_population(pop).head(k)
-    texts = read_heldout(a.heldout)
+    texts = read_heldout(args.heldout)
 
     rt = runtime.load_runtime(cfg, engine=False)
     chunks = make_chunks(rt.tokenizer, texts, context_length(rt.model), cfg.settings.bpb["chunk_tokens"])
     bs = cfg.settings.bpb["batch_size"]
-    bar = progress_bar(total=len(chunks.ids) * (k + 1), desc="bpb", unit="chunk", disable=a.no_progress)
+    bar = progress_bar(total=len(chunks.ids) * (k + 1), desc="bpb", unit="chunk", disable=args.no_progress)
     try:
         with rt.meter.phase("bpb_base"):
             base = base_bpb(rt.model, chunks, bs, bar, rt.meter)
@@ -239,8 +239,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         bar.close()
     doc = {
-        "model": cfg.model_name(), "task": cfg.task_name, "heldout": {"path": str(a.heldout), "texts": chunks.texts,
-                                                                     "sha256": _sha(a.heldout)},
+        "model": cfg.model_name(), "task": cfg.task_name, "heldout": {"path": str(args.heldout), "texts": chunks.texts,
+                                                                     "sha256": _sha(args.heldout)},
         "context": context_length(rt.model), "piece_tokens": piece_length(context_length(rt.model),
                                                                           cfg.settings.bpb["chunk_tokens"]),
         "base": base,
@@ -250,13 +250,13 @@ def main(argv: list[str] | None = None) -> None:
         "identity": cfg.identity(), "model_info": rt.model_info(),
         "throughput": rt.meter.to_dict(), "provenance": cfg.provenance(),
     }
-    atomic_write_json(a.out, doc)
+    atomic_write_json(args.out, doc)
     print(f"randopt bpb: base {base['bpb']:.5f}, ensemble K={k} {ens['bpb']:.5f} "
           f"({chunks.tokens} tokens, {chunks.bytes} bytes)", file=sys.stderr)
 
 
 def _sha(path) -> str:
-    from ..provenance.hashing import sha256_file
+    from workflow_src.provenance.hashing import sha256_file
     return sha256_file(path)
 
 

@@ -25,10 +25,10 @@ from typing import Any
 
 import pandas as pd
 
-from ..engine.base import merge_throughput
-from ..provenance.stamp import provenance
-from . import runtime
-from .population import SHARD_COLUMNS, SHARD_FORMAT, population_table
+from workflow_src.engine.base import merge_throughput
+from workflow_src.provenance.stamp import provenance
+from workflow_src.randopt import runtime
+from workflow_src.randopt.population import SHARD_COLUMNS, SHARD_FORMAT, population_table
 
 POPULATION_FORMAT = "speedproof.randopt.population/1"
 
@@ -94,30 +94,30 @@ def gather(paths: list[str | Path], identity: dict[str, Any] | None = None) -> t
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("shards", nargs="+")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--randopt-section")
-    ap.add_argument("--task-section")
-    ap.add_argument("--environment")
-    ap.add_argument("--checkpoint-manifest")
-    a = ap.parse_args(argv)
-    if (a.randopt_section is None) != (a.task_section is None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("shards", nargs="+")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--randopt-section")
+    parser.add_argument("--task-section")
+    parser.add_argument("--environment")
+    parser.add_argument("--checkpoint-manifest")
+    args = parser.parse_args(argv)
+    if (args.randopt_section is None) != (args.task_section is None):
         raise SystemExit("randopt.gather: give both --randopt-section and --task-section, or neither")
     identity, sections = None, []
-    if a.randopt_section:
-        a.checkpoint = None
+    if args.randopt_section:
+        args.checkpoint = None
         with runtime.config_errors("randopt.gather"):
-            cfg = runtime.load_config(a)
+            cfg = runtime.load_config(args)
         identity = {k: v for k, v in cfg.identity().items() if v is not None}
         sections = cfg.sections
     try:
-        df, meta = gather(a.shards, identity)
+        df, meta = gather(args.shards, identity)
     except GatherError as e:
         print(f"randopt.gather: {e}", file=sys.stderr)
         raise SystemExit(1) from None
-    meta["provenance"] = provenance(sections, a.checkpoint_manifest, a.environment)
-    runtime.write_parquet(a.out, df, meta, SHARD_COLUMNS)
+    meta["provenance"] = provenance(sections, args.checkpoint_manifest, args.environment)
+    runtime.write_parquet(args.out, df, meta, SHARD_COLUMNS)
     print(f"randopt gather: {len(df)} seeds from {meta['shards']} shards, best train reward "
           f"{df['train_reward'].max():.4f}", file=sys.stderr)
 

@@ -22,9 +22,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .artifacts import ArtifactError, read_json, read_table
-from .select import rank_population
-
+from workflow_src.randopt.artifacts import ArtifactError, read_json, read_table
+from workflow_src.randopt.select import rank_population
 
 # no orange (the base lines) and no green (the ensemble line)
 SIGMA_COLORS = ("tab:blue", "tab:purple", "tab:red", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
@@ -38,7 +37,7 @@ def plot_rewards(population: pd.DataFrame, base: Mapping[str, Any], title: str =
                  stats: Mapping[str, Any] | None = None):
     """Train reward per σ: box plot plus every seed as a point (deterministic jitter), the base train reward
     as a horizontal line, the mean as a diamond, n and the share above base under each σ."""
-    from ..report.plotting import plt
+    from workflow_src.report.plotting import plt
     base_reward = float(base["train"]["reward_mean"])
     sigmas = sorted(float(s) for s in population["sigma"].unique())
     groups = [population.loc[population["sigma"] == s, "train_reward"].to_numpy(dtype=float) for s in sigmas]
@@ -77,7 +76,7 @@ def plot_ksweep(vote: Mapping[str, Any], title: str = ""):
     """Ensemble accuracy vs K with the base accuracy as a line. Error bars: base accuracy + the paired
     bootstrap CI of (ensemble − base); a hollow marker is a difference within noise (the bar crosses the
     base line, or the exact McNemar test does not reject equality)."""
-    from ..report.plotting import plt
+    from workflow_src.report.plotting import plt
     rows = vote["sweep"]
     ks = [r["k"] for r in rows]
     acc = np.array([r["accuracy"] for r in rows])
@@ -110,7 +109,7 @@ def plot_probes(probes: pd.DataFrame, base: Mapping[str, Any], vote: Mapping[str
                 title: str = ""):
     """Each probed seed (evaluated alone): train reward vs test accuracy, labelled by rank; base train reward
     and base test accuracy as lines, and the headline ensemble accuracy where the vote is given."""
-    from ..report.plotting import plt
+    from workflow_src.report.plotting import plt
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     base_train = float(base["train"]["reward_mean"])
     base_test = float(base["test"]["accuracy"])
@@ -138,7 +137,7 @@ def plot_probes(probes: pd.DataFrame, base: Mapping[str, Any], vote: Mapping[str
 def plot_bpb(bpb: Mapping[str, Any], probes: pd.DataFrame | None = None, title: str = ""):
     """Held-out bits-per-byte: base vs ensemble bars (lower is better), and each probed seed alone where
     probes carry a bpb. Values are written on the bars (the differences are often in the third decimal)."""
-    from ..report.plotting import plt
+    from workflow_src.report.plotting import plt
     base_bpb = bpb["base"]["bpb"]
     ens = bpb.get("ensemble") or {}
     labels, values, colors = ["base"], [base_bpb], ["tab:orange"]
@@ -166,43 +165,43 @@ def plot_bpb(bpb: Mapping[str, Any], probes: pd.DataFrame | None = None, title: 
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base")
-    ap.add_argument("--population")
-    ap.add_argument("--vote")
-    ap.add_argument("--probes")
-    ap.add_argument("--bpb")
-    ap.add_argument("--stats")
-    ap.add_argument("--title", default="")
-    ap.add_argument("--out-rewards")
-    ap.add_argument("--out-ksweep")
-    ap.add_argument("--out-probes")
-    ap.add_argument("--out-bpb")
-    a = ap.parse_args(argv)
-    from ..report.plotting import save_png
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base")
+    parser.add_argument("--population")
+    parser.add_argument("--vote")
+    parser.add_argument("--probes")
+    parser.add_argument("--bpb")
+    parser.add_argument("--stats")
+    parser.add_argument("--title", default="")
+    parser.add_argument("--out-rewards")
+    parser.add_argument("--out-ksweep")
+    parser.add_argument("--out-probes")
+    parser.add_argument("--out-bpb")
+    args = parser.parse_args(argv)
+    from workflow_src.report.plotting import save_png
 
     def need(**kw):
         missing = [f"--{k}" for k, v in kw.items() if v is None]
         if missing:
-            ap.error(f"this figure needs {', '.join(missing)}")
+            parser.error(f"this figure needs {', '.join(missing)}")
 
     try:
-        base = read_json(a.base) if a.base else None
-        vote = read_json(a.vote) if a.vote else None
-        probes = read_table(a.probes, ("rank", "sigma", "train_reward", "test_accuracy")) if a.probes else None
-        if a.out_rewards:
-            need(population=a.population, base=a.base)
-            pop = rank_population(read_table(a.population, ("position", "sigma", "train_reward")))
-            save_png(plot_rewards(pop, base, a.title, read_json(a.stats) if a.stats else None), a.out_rewards)
-        if a.out_ksweep:
-            need(vote=a.vote)
-            save_png(plot_ksweep(vote, a.title), a.out_ksweep)
-        if a.out_probes:
-            need(probes=a.probes, base=a.base)
-            save_png(plot_probes(probes, base, vote, a.title), a.out_probes)
-        if a.out_bpb:
-            need(bpb=a.bpb)
-            save_png(plot_bpb(read_json(a.bpb), probes, a.title), a.out_bpb)
+        base = read_json(args.base) if args.base else None
+        vote = read_json(args.vote) if args.vote else None
+        probes = read_table(args.probes, ("rank", "sigma", "train_reward", "test_accuracy")) if args.probes else None
+        if args.out_rewards:
+            need(population=args.population, base=args.base)
+            pop = rank_population(read_table(args.population, ("position", "sigma", "train_reward")))
+            save_png(plot_rewards(pop, base, args.title, read_json(args.stats) if args.stats else None), args.out_rewards)
+        if args.out_ksweep:
+            need(vote=args.vote)
+            save_png(plot_ksweep(vote, args.title), args.out_ksweep)
+        if args.out_probes:
+            need(probes=args.probes, base=args.base)
+            save_png(plot_probes(probes, base, vote, args.title), args.out_probes)
+        if args.out_bpb:
+            need(bpb=args.bpb)
+            save_png(plot_bpb(read_json(args.bpb), probes, args.title), args.out_bpb)
     except (ArtifactError, KeyError) as e:
         print(f"randopt plots: refused: {type(e).__name__}: {e}", file=sys.stderr)
         raise SystemExit(1) from None

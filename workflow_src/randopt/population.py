@@ -1,4 +1,4 @@
-"""The RandOpt population (DESIGN §7): seeds, σ per seed, shards, and the evaluation of one shard.
+"""The RandOpt population (docs/design.md §7): seeds, σ per seed, shards, and the evaluation of one shard.
 
 - **Seeds.** `population_seeds(randopt.seed, randopt.population)`; a seed's `position` is its index
   in that list (0 … N−1), the key every later table joins on.
@@ -39,7 +39,7 @@ from typing import Any
 
 import pandas as pd
 
-from .noise import population_seeds
+from workflow_src.noise.speedproof import population_seeds
 
 SHARD_COLUMNS = {"position": "int64", "seed": "int64", "sigma": "float64", "sigma_index": "int64",
                  "train_reward": "float64", "train_correct": "int64", "train_prompts": "int64",
@@ -121,23 +121,23 @@ def evaluate_seeds(rt, task, problems: list, rows: pd.DataFrame, max_new_tokens:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ..progress import progress_bar
-    from ..tasks.registry import get_task
-    from . import runtime
-    from .settings import SettingsError
+    from workflow_src.progress import progress_bar
+    from workflow_src.randopt import runtime
+    from workflow_src.randopt.settings import SettingsError
+    from workflow_src.tasks.registry import get_task
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shard", type=int, required=True)
-    ap.add_argument("--shards", type=int, help="number of shards (default: randopt.shards)")
-    ap.add_argument("--out", required=True)
-    runtime.add_common_args(ap)
-    a = ap.parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shard", type=int, required=True)
+    parser.add_argument("--shards", type=int, help="number of shards (default: randopt.shards)")
+    parser.add_argument("--out", required=True)
+    runtime.add_common_args(parser)
+    args = parser.parse_args(argv)
     try:
-        cfg = runtime.load_config(a)
+        cfg = runtime.load_config(args)
         s = cfg.settings
-        shards = a.shards if a.shards is not None else s.shards
+        shards = args.shards if args.shards is not None else s.shards
         table = population_table(s.population_spec())
-        positions = shard_positions(len(table), a.shard, shards)
+        positions = shard_positions(len(table), args.shard, shards)
         train = runtime.load_splits(cfg)["train"]
         if not train:
             raise SettingsError("the train split is empty")
@@ -145,8 +145,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"randopt.population: {e}") from None
 
     task = get_task(cfg.task_name)
-    bar = progress_bar(total=len(positions) * len(train), desc=f"population shard {a.shard}/{shards}",
-                       unit="prompt", disable=a.no_progress)
+    bar = progress_bar(total=len(positions) * len(train), desc=f"population shard {args.shard}/{shards}",
+                       unit="prompt", disable=args.no_progress)
     rt = runtime.load_runtime(cfg, progress=bar)
 
     def on_seed(row, _):
@@ -158,13 +158,13 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         bar.close()
     df = pd.DataFrame(rows, columns=[c for c in SHARD_COLUMNS if c != "shard"])
-    df["shard"] = a.shard
+    df["shard"] = args.shard
     meta = {"format": SHARD_FORMAT, "identity": cfg.identity(), "population_spec": s.population_spec(),
-            "shard": a.shard, "shards": shards, "positions": positions, "seeds": len(positions),
+            "shard": args.shard, "shards": shards, "positions": positions, "seeds": len(positions),
             "model": rt.model_info(), "throughput": rt.meter.to_dict(), "provenance": cfg.provenance()}
-    runtime.write_parquet(a.out, df, meta, SHARD_COLUMNS)
+    runtime.write_parquet(args.out, df, meta, SHARD_COLUMNS)
     sampling = rt.meter.totals("sampling")
-    print(f"randopt shard {a.shard}/{shards}: {len(df)} seeds, mean train reward "
+    print(f"randopt shard {args.shard}/{shards}: {len(df)} seeds, mean train reward "
           f"{df['train_reward'].mean() if len(df) else float('nan'):.4f}, "
           f"{sampling.generated_tokens} generated tokens in {sampling.seconds:.1f} s", file=sys.stderr)
 

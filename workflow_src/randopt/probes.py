@@ -24,35 +24,35 @@ PROBES_FORMAT = "speedproof.randopt.probes/1"
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ..progress import progress_bar
-    from ..tasks.registry import get_task
-    from . import bpb as bpb_mod
-    from . import runtime
-    from .select import rank_population
+    from workflow_src.progress import progress_bar
+    from workflow_src.randopt import bpb as bpb_mod
+    from workflow_src.randopt import runtime
+    from workflow_src.randopt.select import rank_population
+    from workflow_src.tasks.registry import get_task
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--population", required=True)
-    ap.add_argument("--heldout", required=True, help="JSON lines of held-out texts (as for randopt.bpb)")
-    ap.add_argument("--top", type=int, help="seeds to probe (default: randopt.probes)")
-    ap.add_argument("--out", required=True)
-    runtime.add_common_args(ap)
-    a = ap.parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--population", required=True)
+    parser.add_argument("--heldout", required=True, help="JSON lines of held-out texts (as for randopt.bpb)")
+    parser.add_argument("--top", type=int, help="seeds to probe (default: randopt.probes)")
+    parser.add_argument("--out", required=True)
+    runtime.add_common_args(parser)
+    args = parser.parse_args(argv)
     with runtime.config_errors("randopt.probes"):
-        cfg = runtime.load_config(a)
+        cfg = runtime.load_config(args)
     s = cfg.settings
-    pop, pop_meta = runtime.read_population(a.population)
-    runtime.check_same_population(cfg, pop_meta, a.population)
-    top_n = a.top if a.top is not None else s.probes
+    pop, pop_meta = runtime.read_population(args.population)
+    runtime.check_same_population(cfg, pop_meta, args.population)
+    top_n = args.top if args.top is not None else s.probes
     if top_n < 0:
         raise SystemExit("randopt.probes: --top must be >= 0")
     top = rank_population(pop).head(min(top_n, len(pop)))
     test = runtime.cli_splits(cfg, "randopt.probes")["test"]
     if not test:
         raise SystemExit("randopt.probes: the test split is empty")
-    texts = bpb_mod.read_heldout(a.heldout)
+    texts = bpb_mod.read_heldout(args.heldout)
     task = get_task(cfg.task_name)
     bar = progress_bar(total=len(top) * len(test), desc=f"probes (top {len(top)})", unit="prompt",
-                       disable=a.no_progress)
+                       disable=args.no_progress)
     rt = runtime.load_runtime(cfg, progress=bar)
     chunks = bpb_mod.make_chunks(rt.tokenizer, texts, bpb_mod.context_length(rt.model), s.bpb["chunk_tokens"])
     rows, prompts = [], [p.prompt for p in test]
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
             "heldout": {"texts": chunks.texts, "bytes": chunks.bytes, "tokens": chunks.tokens,
                         "chunks": len(chunks.ids)},
             "model": rt.model_info(), "throughput": rt.meter.to_dict(), "provenance": cfg.provenance()}
-    runtime.write_parquet(a.out, df, meta, PROBE_COLUMNS)
+    runtime.write_parquet(args.out, df, meta, PROBE_COLUMNS)
     print(f"randopt probes: {len(df)} seeds probed", file=sys.stderr)
 
 

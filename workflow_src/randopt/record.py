@@ -1,4 +1,4 @@
-"""The record of one RandOpt run, assembled only from its artifacts, and the records table (DESIGN §2, §7;
+"""The record of one RandOpt run, assembled only from its artifacts, and the records table (docs/design.md §2, §7;
 docs/randopt.md).
 
     python -m workflow_src.randopt.record build --experiment {exp} \\
@@ -17,7 +17,7 @@ docs/randopt.md).
 `build` writes record.json (and appends it when given the two table paths); `append` adds an existing
 record.json to the table. The table has one row per record id: appending a record whose id is already there
 replaces that row in place. records.csv (unrounded) is the table's source; RECORDS.md is rendered from it on
-every append. Both are rewritten atomically while holding an exclusive fcntl lock on a sibling lock file
+every append. Both are rewritten atomically while holding an exclusive lock (filelock) on a sibling lock file
 (`.records.csv.lock`), so concurrent appends serialize and no row is lost.
 
 The record id is the first 16 hex digits of the sha256 over (experiment, config hash, checkpoint manifest
@@ -28,24 +28,31 @@ config, checkpoint, machine type and code replaces its row; any of those changin
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import datetime as _dt
-import fcntl
 import io
 import math
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import filelock
 import pandas as pd
 
-from ..provenance.atomic import atomic_write_json, atomic_write_text
-from ..provenance.hashing import sha256_json
-from ..provenance.stamp import provenance
-from .artifacts import ArtifactError, cell_text, clean, input_hashes, parquet_meta, read_json, read_table
-from .select import rank_population
+from workflow_src.provenance.atomic import atomic_write_json, atomic_write_text
+from workflow_src.provenance.hashing import sha256_json
+from workflow_src.provenance.stamp import provenance
+from workflow_src.randopt.artifacts import (
+    ArtifactError,
+    cell_text,
+    clean,
+    input_hashes,
+    parquet_meta,
+    read_json,
+    read_table,
+)
+from workflow_src.randopt.select import rank_population
 
 FORMAT = "speedproof.randopt-record/1"
 
@@ -380,17 +387,12 @@ def write_records_csv(path: Path, fields: list[str], rows: list[Mapping[str, str
     atomic_write_text(path, buf.getvalue())
 
 
-@contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """Exclusive fcntl lock on `.{name}.lock` beside `path` (created if missing, never removed)."""
+def locked(path: Path) -> filelock.FileLock:
+    """An exclusive lock on `.{name}.lock` beside `path` (a context manager; concurrent appends, in any
+    process, take turns)."""
     lock = path.with_name(f".{path.name}.lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    return filelock.FileLock(lock)
 
 
 def append_record(rec: Mapping[str, Any], records_md: str | Path, records_csv: str | Path,
@@ -415,7 +417,7 @@ def append_record(rec: Mapping[str, Any], records_md: str | Path, records_csv: s
 
 
 def html_page(rec: Mapping[str, Any]) -> str:
-    from ..report.tables import html_table
+    from workflow_src.report.tables import html_table
     row = {k: cell_text(v) for k, v in record_row(rec).items()}
     cells = md_cells(row)
     items = list(zip(MD_HEADER, cells))
@@ -427,8 +429,8 @@ def html_page(rec: Mapping[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="assemble record.json from the artifacts (and append it)")
     b.add_argument("--experiment", required=True)
     b.add_argument("--base", required=True, help="base.json")
@@ -451,45 +453,45 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--record", required=True)
     p.add_argument("--records-md", required=True)
     p.add_argument("--records-csv", required=True)
-    a = ap.parse_args(argv)
+    args = parser.parse_args(argv)
 
-    if a.command == "append":
-        rec = read_json(a.record)
-        action = append_record(rec, a.records_md, a.records_csv, a.record)
-        print(f"randopt record {rec['record_id']}: {action} in {a.records_md}", file=sys.stderr)
+    if args.command == "append":
+        rec = read_json(args.record)
+        action = append_record(rec, args.records_md, args.records_csv, args.record)
+        print(f"randopt record {rec['record_id']}: {action} in {args.records_md}", file=sys.stderr)
         return
-    if (a.records_md is None) != (a.records_csv is None):
-        ap.error("--records-md and --records-csv go together")
+    if (args.records_md is None) != (args.records_csv is None):
+        parser.error("--records-md and --records-csv go together")
     try:
-        prov = provenance(a.config_sections, a.checkpoint_manifest, a.environment)
-        base, bpb = read_json(a.base), read_json(a.bpb) if a.bpb else None
+        prov = provenance(args.config_sections, args.checkpoint_manifest, args.environment)
+        base, bpb = read_json(args.base), read_json(args.bpb) if args.bpb else None
         throughputs = {"base": base.get("throughput")}
-        for stage, path in (("population", a.population), ("topk", a.topk_test), ("probes", a.probes)):
+        for stage, path in (("population", args.population), ("topk", args.topk_test), ("probes", args.probes)):
             meta = parquet_meta(path) if path else None
             throughputs[stage] = (meta or {}).get("throughput")
         throughputs["bpb"] = (bpb or {}).get("throughput")
         rec = build_record(
-            a.experiment, base, read_table(a.population, ("position", "seed", "sigma", "train_reward")),
-            read_json(a.stats), read_json(a.vote), prov, bpb=bpb,
-            probes=read_table(a.probes, PROBE_COLUMNS) if a.probes else None, throughputs=throughputs,
-            environment=read_json(a.environment) if a.environment else None,
-            checkpoint_manifest=read_json(a.checkpoint_manifest) if a.checkpoint_manifest else None,
-            sampling_phase=a.sampling_phase)
+            args.experiment, base, read_table(args.population, ("position", "seed", "sigma", "train_reward")),
+            read_json(args.stats), read_json(args.vote), prov, bpb=bpb,
+            probes=read_table(args.probes, PROBE_COLUMNS) if args.probes else None, throughputs=throughputs,
+            environment=read_json(args.environment) if args.environment else None,
+            checkpoint_manifest=read_json(args.checkpoint_manifest) if args.checkpoint_manifest else None,
+            sampling_phase=args.sampling_phase)
     except (ArtifactError, KeyError, ValueError) as e:
         print(f"randopt record: refused: {type(e).__name__}: {e}", file=sys.stderr)
         raise SystemExit(1) from None
-    rec["inputs"] = input_hashes({"base": a.base, "population": a.population, "stats": a.stats, "vote": a.vote,
-                                  "bpb": a.bpb, "probes": a.probes, "topk_test": a.topk_test,
-                                  "environment": a.environment,
-                                  "checkpoint_manifest": a.checkpoint_manifest})
-    if a.out_html:
-        atomic_write_text(a.out_html, html_page(rec))
-    atomic_write_json(a.out, rec)
+    rec["inputs"] = input_hashes({"base": args.base, "population": args.population, "stats": args.stats, "vote": args.vote,
+                                  "bpb": args.bpb, "probes": args.probes, "topk_test": args.topk_test,
+                                  "environment": args.environment,
+                                  "checkpoint_manifest": args.checkpoint_manifest})
+    if args.out_html:
+        atomic_write_text(args.out_html, html_page(rec))
+    atomic_write_json(args.out, rec)
     for w in rec["warnings"]:
         print(f"randopt record: warning: {w}", file=sys.stderr)
-    if a.records_md:
-        action = append_record(rec, a.records_md, a.records_csv, a.out)
-        print(f"randopt record {rec['record_id']}: {action} in {a.records_md}", file=sys.stderr)
+    if args.records_md:
+        action = append_record(rec, args.records_md, args.records_csv, args.out)
+        print(f"randopt record {rec['record_id']}: {action} in {args.records_md}", file=sys.stderr)
 
 
 if __name__ == "__main__":

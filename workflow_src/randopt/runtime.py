@@ -21,10 +21,11 @@ from typing import Any
 
 import pandas as pd
 
-from ..provenance.atomic import atomic_write_bytes
-from ..provenance.hashing import sha256_file, sha256_json
-from ..provenance.stamp import load_config_section, provenance
-from .settings import RandOptSettings, SettingsError
+from workflow_src.config_schema import ConfigError, resolve
+from workflow_src.provenance.atomic import atomic_write_bytes
+from workflow_src.provenance.hashing import sha256_file, sha256_json
+from workflow_src.provenance.stamp import load_config_section, provenance
+from workflow_src.randopt.settings import RandOptSettings, SettingsError
 
 META_KEY = b"speedproof"
 MANIFEST_NAME = "MANIFEST.json"
@@ -32,15 +33,15 @@ MANIFEST_NAME = "MANIFEST.json"
 
 # -- arguments and configuration ------------------------------------------------------------------
 
-def add_common_args(ap: argparse.ArgumentParser, model: bool = True) -> None:
+def add_common_args(parser: argparse.ArgumentParser, model: bool = True) -> None:
     if model:
-        ap.add_argument("--checkpoint", type=Path, required=True, help="checkpoint directory (results/checkpoints/NAME)")
-    ap.add_argument("--randopt-section", required=True, help="results/config/randopt.json")
-    ap.add_argument("--task-section", required=True, help="results/config/task.<name>.json")
-    ap.add_argument("--environment", help="results/env/environment.json (its env_hash goes into provenance)")
-    ap.add_argument("--checkpoint-manifest", help="the checkpoint's MANIFEST.json (default: CHECKPOINT/MANIFEST.json "
+        parser.add_argument("--checkpoint", type=Path, required=True, help="checkpoint directory (results/checkpoints/NAME)")
+    parser.add_argument("--randopt-section", required=True, help="results/config/randopt.json")
+    parser.add_argument("--task-section", required=True, help="results/config/task.<name>.json")
+    parser.add_argument("--environment", help="results/env/environment.json (its env_hash goes into provenance)")
+    parser.add_argument("--checkpoint-manifest", help="the checkpoint's MANIFEST.json (default: CHECKPOINT/MANIFEST.json "
                                                   "when it exists)")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 @dataclass
@@ -74,22 +75,23 @@ class Config:
 def task_from_section(doc: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """(task name, task spec) from a `task.<name>` section file or the whole `task` section."""
     section, value = doc["section"], doc["value"]
-    if section.startswith("task."):
-        return section[len("task."):], value
     if section == "task":
+        value = resolve("task", value)
         return value["name"], value[value["name"]]
-    raise SettingsError(f"--task-section: expected the section task or task.<name>, got {section!r}")
+    if section.startswith("task."):
+        return section[len("task."):], resolve(section, value)
+    raise SettingsError([f"--task-section: expected the section task or task.<name>, got {section!r}"])
 
 
-def load_config(a: argparse.Namespace) -> Config:
-    r = load_config_section(a.randopt_section)
+def load_config(args: argparse.Namespace) -> Config:
+    r = load_config_section(args.randopt_section)
     settings = RandOptSettings.from_dict(r["value"])
-    name, spec = task_from_section(load_config_section(a.task_section))
-    checkpoint = getattr(a, "checkpoint", None)
-    manifest = a.checkpoint_manifest
+    name, spec = task_from_section(load_config_section(args.task_section))
+    checkpoint = getattr(args, "checkpoint", None)
+    manifest = args.checkpoint_manifest
     if manifest is None and checkpoint is not None and (Path(checkpoint) / MANIFEST_NAME).is_file():
         manifest = str(Path(checkpoint) / MANIFEST_NAME)
-    return Config(settings, name, spec, [a.randopt_section, a.task_section], a.environment, manifest, checkpoint)
+    return Config(settings, name, spec, [args.randopt_section, args.task_section], args.environment, manifest, checkpoint)
 
 
 @contextlib.contextmanager
@@ -98,7 +100,7 @@ def config_errors(prog: str) -> Iterator[None]:
     not a traceback."""
     try:
         yield
-    except (SettingsError, KeyError) as e:
+    except (ConfigError, KeyError) as e:  # SettingsError is a ConfigError
         raise SystemExit(f"{prog}: {e}") from None
 
 
@@ -109,7 +111,7 @@ def cli_splits(cfg: Config, prog: str) -> dict[str, list]:
 
 def load_splits(cfg: Config) -> dict[str, list]:
     """The task's splits with train/test cut to train_prompts/test_prompts (first n problems)."""
-    from ..tasks.registry import get_task
+    from workflow_src.tasks.registry import get_task
     try:
         splits = dict(get_task(cfg.task_name).load(cfg.task_spec))
     except ValueError as e:  # unknown task or a task spec it cannot honour
@@ -156,7 +158,8 @@ class Runtime:
     def model_info(self) -> dict[str, Any]:
         import torch
         import transformers
-        from ..engine.attention import attention_backend
+
+        from workflow_src.engine.attention import attention_backend
         # The generating jobs may run in another environment than the workflow's (vllm's own), whose
         # packages results/env/environment.json does not describe: each artifact names its own.
         versions = {"torch": torch.__version__, "transformers": transformers.__version__}
@@ -176,14 +179,15 @@ def load_runtime(cfg: Config, engine: bool = True, perturber: bool = True, progr
     """Model + tokenizer on the configured device, wrapped in the engine and the perturber."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from ..engine import ThroughputMeter, make_engine
+
+    from workflow_src.engine import ThroughputMeter, make_engine
 
     s = cfg.settings
     setup_runtime(s)
     device = resolve_device(s.device)
     meter = ThroughputMeter(sync=torch.cuda.synchronize if device == "cuda" else None)
     with meter.phase("load"):
-        from ..checkpoints.verify import verified_checkpoint
+        from workflow_src.checkpoints.verify import verified_checkpoint
         verified_checkpoint(cfg.checkpoint)  # every file against MANIFEST.json before any weight is read
         tokenizer = AutoTokenizer.from_pretrained(cfg.checkpoint)
         dtype = "auto" if s.dtype == "auto" else getattr(torch, s.dtype)
@@ -199,11 +203,11 @@ def load_runtime(cfg: Config, engine: bool = True, perturber: bool = True, progr
             rt.engine = make_engine(s.engine, model, tokenizer, s.batch_size, meter=meter, progress=progress,
                                     **vllm_options)
         if perturber:
-            from .perturb import Perturber
+            from workflow_src.engine.perturber import Perturber
             p = s.perturb
             rt.perturber = Perturber(model, p["include"], p["exclude"], p["backend"])
             if rt.engine is not None and s.engine == "vllm":
-                from ..engine.vllm_engine import PairedPerturber
+                from workflow_src.engine.vllm_engine import PairedPerturber
                 rt.perturber = PairedPerturber(rt.perturber, rt.engine.perturber(p["include"], p["exclude"]))
     return rt
 

@@ -1,4 +1,4 @@
-"""Per-σ statistics of the RandOpt population's train rewards (DESIGN §7; docs/randopt.md).
+"""Per-σ statistics of the RandOpt population's train rewards (docs/design.md §7; docs/randopt.md).
 
     python -m workflow_src.randopt.stats --population results/randopt/{exp}/population.parquet \\
         --base results/randopt/{exp}/base.json \\
@@ -22,10 +22,10 @@ from typing import Any
 
 import pandas as pd
 
-from ..provenance.atomic import atomic_write_json, atomic_write_text
-from ..provenance.stamp import provenance
-from .artifacts import ArtifactError, clean, csv_text, input_hashes, read_json, read_table
-from .select import rank_population
+from workflow_src.provenance.atomic import atomic_write_json, atomic_write_text
+from workflow_src.provenance.stamp import provenance
+from workflow_src.randopt.artifacts import ArtifactError, clean, csv_text, input_hashes, read_json, read_table
+from workflow_src.randopt.select import rank_population
 
 FORMAT = "speedproof.randopt-sigma-stats/1"
 POPULATION_COLUMNS = ("position", "seed", "sigma", "sigma_index", "train_reward")
@@ -106,7 +106,7 @@ def compute(population: pd.DataFrame, base: dict[str, Any]) -> dict[str, Any]:
 
 
 def html_page(doc: dict[str, Any]) -> str:
-    from ..report.tables import html_table
+    from workflow_src.report.tables import html_table
     header = ["σ", "n", "mean reward", "sd", "mean − base", "above base", "best seed (reward)"]
     rows = [[f"{r['sigma']:g}", r["n"], f"{r['mean']:.4f}", "—" if r["sd"] is None else f"{r['sd']:.4f}",
              f"{r['mean_minus_base']:+.4f}", f"{r['n_above_base']}/{r['n']} ({100 * r['share_above_base']:.1f}%)",
@@ -118,27 +118,27 @@ def html_page(doc: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--population", required=True)
-    ap.add_argument("--base", required=True, help="base.json")
-    ap.add_argument("--out-json", required=True)
-    ap.add_argument("--out-csv", required=True)
-    ap.add_argument("--out-html")
-    ap.add_argument("--environment")
-    ap.add_argument("--config-sections", nargs="*", default=[])
-    ap.add_argument("--checkpoint-manifest")
-    a = ap.parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--population", required=True)
+    parser.add_argument("--base", required=True, help="base.json")
+    parser.add_argument("--out-json", required=True)
+    parser.add_argument("--out-csv", required=True)
+    parser.add_argument("--out-html")
+    parser.add_argument("--environment")
+    parser.add_argument("--config-sections", nargs="*", default=[])
+    parser.add_argument("--checkpoint-manifest")
+    args = parser.parse_args(argv)
     try:
-        doc = compute(read_table(a.population, POPULATION_COLUMNS), read_json(a.base))
+        doc = compute(read_table(args.population, POPULATION_COLUMNS), read_json(args.base))
     except (ArtifactError, ValueError) as e:
         print(f"randopt stats: refused: {e}", file=sys.stderr)
         raise SystemExit(1) from None
-    doc["inputs"] = input_hashes({"population": a.population, "base": a.base})
-    doc["provenance"] = provenance(a.config_sections, a.checkpoint_manifest, a.environment)
-    atomic_write_text(a.out_csv, csv_text(CSV_FIELDS, doc["sigmas"]))
-    if a.out_html:
-        atomic_write_text(a.out_html, html_page(doc))
-    atomic_write_json(a.out_json, doc)
+    doc["inputs"] = input_hashes({"population": args.population, "base": args.base})
+    doc["provenance"] = provenance(args.config_sections, args.checkpoint_manifest, args.environment)
+    atomic_write_text(args.out_csv, csv_text(CSV_FIELDS, doc["sigmas"]))
+    if args.out_html:
+        atomic_write_text(args.out_html, html_page(doc))
+    atomic_write_json(args.out_json, doc)
     b = doc["best_sigma"]
     print(f"randopt stats: best σ {b['sigma']:g} (mean train reward {b['mean']:.4f}, n={b['n']})", file=sys.stderr)
 

@@ -25,24 +25,24 @@ TOPK_FORMAT = "speedproof.randopt.topk-test/1"
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ..progress import progress_bar
-    from ..tasks.registry import get_task
-    from . import runtime
-    from .population import answer_rows
-    from .select import rank_population, resolve_ks
+    from workflow_src.progress import progress_bar
+    from workflow_src.randopt import runtime
+    from workflow_src.randopt.population import answer_rows
+    from workflow_src.randopt.select import rank_population, resolve_ks
+    from workflow_src.tasks.registry import get_task
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--population", required=True)
-    ap.add_argument("--k-max", type=int, help="top seeds to answer (default: the largest K of the sweep)")
-    ap.add_argument("--out", required=True)
-    runtime.add_common_args(ap)
-    a = ap.parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--population", required=True)
+    parser.add_argument("--k-max", type=int, help="top seeds to answer (default: the largest K of the sweep)")
+    parser.add_argument("--out", required=True)
+    runtime.add_common_args(parser)
+    args = parser.parse_args(argv)
     with runtime.config_errors("randopt.topk_answers"):
-        cfg = runtime.load_config(a)
+        cfg = runtime.load_config(args)
     s = cfg.settings
-    pop, pop_meta = runtime.read_population(a.population)
-    runtime.check_same_population(cfg, pop_meta, a.population)
-    k = a.k_max if a.k_max is not None else max(resolve_ks(len(pop), s.ks, s.k_ratios))
+    pop, pop_meta = runtime.read_population(args.population)
+    runtime.check_same_population(cfg, pop_meta, args.population)
+    k = args.k_max if args.k_max is not None else max(resolve_ks(len(pop), s.ks, s.k_ratios))
     if not 1 <= k <= len(pop):
         raise SystemExit(f"randopt.topk_answers: --k-max {k} outside 1..{len(pop)}")
     top = rank_population(pop).head(k)
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     if not test:
         raise SystemExit("randopt.topk_answers: the test split is empty")
     task = get_task(cfg.task_name)
-    bar = progress_bar(total=k * len(test), desc=f"top-{k} test answers", unit="prompt", disable=a.no_progress)
+    bar = progress_bar(total=k * len(test), desc=f"top-{k} test answers", unit="prompt", disable=args.no_progress)
     rt = runtime.load_runtime(cfg, progress=bar)
     rows = []
     prompts = [p.prompt for p in test]
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     df = pd.DataFrame(rows, columns=list(TOPK_COLUMNS))
     meta = {"format": TOPK_FORMAT, "identity": cfg.identity(), "k": k, "test_prompts": len(test),
             "model": rt.model_info(), "throughput": rt.meter.to_dict(), "provenance": cfg.provenance()}
-    runtime.write_parquet(a.out, df, meta, TOPK_COLUMNS)
+    runtime.write_parquet(args.out, df, meta, TOPK_COLUMNS)
     per_rank = df.groupby("rank")["correct"].mean()
     print(f"randopt topk_answers: K={k}, test accuracy per rank {per_rank.min():.3f}..{per_rank.max():.3f}",
           file=sys.stderr)

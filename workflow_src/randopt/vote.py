@@ -1,5 +1,5 @@
 """Majority vote of the top-K perturbed models on the test split, the K sweep, and its statistics
-(DESIGN §7; docs/randopt.md).
+(docs/design.md §7; docs/randopt.md).
 
     python -m workflow_src.randopt.vote --task synthetic_arithmetic \\
         --task-section results/config/task.synthetic_arithmetic.json \\
@@ -44,10 +44,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..provenance.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
-from ..provenance.stamp import load_config_section, provenance
-from .artifacts import ArtifactError, answer_or_none, clean, csv_text, input_hashes, read_table
-from .select import rank_population, resolve_ks
+from workflow_src.config_schema import defaults
+from workflow_src.provenance.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from workflow_src.provenance.stamp import load_config_section, provenance
+from workflow_src.randopt.artifacts import ArtifactError, answer_or_none, clean, csv_text, input_hashes, read_table
+from workflow_src.randopt.select import rank_population, resolve_ks
 
 FORMAT = "speedproof.randopt-vote/1"
 SWEEP_FIELDS = ("k", "accuracy", "correct", "n", "base_accuracy", "base_correct", "delta", "ci_low", "ci_high",
@@ -192,7 +193,7 @@ BASE_COLUMNS = ("index", "problem_id", "extracted", "correct")
 
 
 def gold_answers(task_name: str, task_spec: dict[str, Any]) -> tuple[list[str], list[str], Equivalent]:
-    from ..tasks.registry import get_task
+    from workflow_src.tasks.registry import get_task
     task = get_task(task_name)
     test = task.load(task_spec)["test"]
     return [p.id for p in test], [p.answer for p in test], task.equivalent
@@ -337,7 +338,7 @@ def compute(task_name: str, task_spec: dict[str, Any], population: pd.DataFrame,
 
 
 def html_page(doc: dict[str, Any]) -> str:
-    from ..report.tables import html_table
+    from workflow_src.report.tables import html_table
     level = 100 * doc["bootstrap"]["level"]
     header = ["K", "ensemble accuracy", "base accuracy", "Δ (pp)", f"{level:g}% CI of Δ (pp)", "within noise",
               "only ensemble / only base", "McNemar p"]
@@ -369,41 +370,42 @@ def write_outputs(result: SweepResult, out_json: str, out_csv: str, out_votes: s
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", required=True, help="task name (workflow_src.tasks.registry)")
-    ap.add_argument("--task-section", required=True, help="results/config/task.<name>.json (the task spec)")
-    ap.add_argument("--population", required=True)
-    ap.add_argument("--base-test", required=True)
-    ap.add_argument("--topk-test", required=True)
-    ap.add_argument("--ks", type=int, nargs="*", default=[], help="absolute Ks")
-    ap.add_argument("--k-ratios", type=float, nargs="*", default=[], help="Ks as ratios of the population size")
-    ap.add_argument("--bootstrap-resamples", type=int, default=10000)
-    ap.add_argument("--bootstrap-seed", type=int, default=0)
-    ap.add_argument("--ci-level", type=float, default=0.95)
-    ap.add_argument("--mcnemar", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--headline-k", type=int, help="the K the record reports (default: the largest K)")
-    ap.add_argument("--out-json", required=True)
-    ap.add_argument("--out-csv", required=True)
-    ap.add_argument("--out-votes", required=True, help="per-problem votes of the largest K (parquet)")
-    ap.add_argument("--out-html")
-    ap.add_argument("--environment")
-    ap.add_argument("--config-sections", nargs="*", default=[])
-    ap.add_argument("--checkpoint-manifest")
-    a = ap.parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", required=True, help="task name (workflow_src.tasks.registry)")
+    parser.add_argument("--task-section", required=True, help="results/config/task.<name>.json (the task spec)")
+    parser.add_argument("--population", required=True)
+    parser.add_argument("--base-test", required=True)
+    parser.add_argument("--topk-test", required=True)
+    parser.add_argument("--ks", type=int, nargs="*", default=[], help="absolute Ks")
+    parser.add_argument("--k-ratios", type=float, nargs="*", default=[], help="Ks as ratios of the population size")
+    settings = defaults("randopt")["vote"]  # each flag's default is randopt.vote's in config/schema.yaml
+    parser.add_argument("--bootstrap-resamples", type=int, default=settings["bootstrap_resamples"])
+    parser.add_argument("--bootstrap-seed", type=int, default=settings["bootstrap_seed"])
+    parser.add_argument("--ci-level", type=float, default=settings["ci_level"])
+    parser.add_argument("--mcnemar", action=argparse.BooleanOptionalAction, default=settings["mcnemar"])
+    parser.add_argument("--headline-k", type=int, help="the K the record reports (default: the largest K)")
+    parser.add_argument("--out-json", required=True)
+    parser.add_argument("--out-csv", required=True)
+    parser.add_argument("--out-votes", required=True, help="per-problem votes of the largest K (parquet)")
+    parser.add_argument("--out-html")
+    parser.add_argument("--environment")
+    parser.add_argument("--config-sections", nargs="*", default=[])
+    parser.add_argument("--checkpoint-manifest")
+    args = parser.parse_args(argv)
     try:
-        spec = load_config_section(a.task_section)["value"]
-        population = read_table(a.population, ("position", "seed", "sigma", "train_reward"))
-        base_test = read_table(a.base_test, BASE_COLUMNS)
-        topk = read_table(a.topk_test, TOPK_COLUMNS)
-        result = compute(a.task, spec, population, base_test, topk, a.ks, a.k_ratios, a.bootstrap_resamples,
-                         a.bootstrap_seed, a.ci_level, a.mcnemar, a.headline_k)
+        spec = load_config_section(args.task_section)["value"]
+        population = read_table(args.population, ("position", "seed", "sigma", "train_reward"))
+        base_test = read_table(args.base_test, BASE_COLUMNS)
+        topk = read_table(args.topk_test, TOPK_COLUMNS)
+        result = compute(args.task, spec, population, base_test, topk, args.ks, args.k_ratios, args.bootstrap_resamples,
+                         args.bootstrap_seed, args.ci_level, args.mcnemar, args.headline_k)
     except (ArtifactError, ValueError) as e:
         print(f"randopt vote: refused: {e}", file=sys.stderr)
         raise SystemExit(1) from None
-    result.doc["inputs"] = input_hashes({"task_section": a.task_section, "population": a.population,
-                                         "base_test": a.base_test, "topk_test": a.topk_test})
-    result.doc["provenance"] = provenance(a.config_sections, a.checkpoint_manifest, a.environment)
-    write_outputs(result, a.out_json, a.out_csv, a.out_votes, a.out_html)
+    result.doc["inputs"] = input_hashes({"task_section": args.task_section, "population": args.population,
+                                         "base_test": args.base_test, "topk_test": args.topk_test})
+    result.doc["provenance"] = provenance(args.config_sections, args.checkpoint_manifest, args.environment)
+    write_outputs(result, args.out_json, args.out_csv, args.out_votes, args.out_html)
     for w in result.doc["warnings"]:
         print(f"randopt vote: warning: {w}", file=sys.stderr)
     h = result.doc["headline"]

@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from workflow_src.config_schema import resolve_ref
+
 REPO = Path(__file__).resolve().parents[2]
 
 HEADER = """# Configuration
@@ -30,18 +32,9 @@ This page is generated from the schema: `python -m workflow_src.report.config_do
 """
 
 
-def _resolve(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
-    if "$ref" in node:
-        target = root
-        for part in node["$ref"].removeprefix("#/").split("/"):
-            target = target[part]
-        return {**target, **{k: v for k, v in node.items() if k != "$ref"}}
-    return node
-
-
 def _rows(node: dict[str, Any], root: dict[str, Any], prefix: str, required: set[str]):
     for name, sub in (node.get("properties") or {}).items():
-        sub = _resolve(sub, root)
+        sub = resolve_ref(root, sub)
         key = f"{prefix}{name}"
         typ = sub.get("type", "")
         typ = " or ".join(typ) if isinstance(typ, list) else typ

@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..provenance.atomic import atomic_write_bytes  # noqa: E402
+from workflow_src.provenance.atomic import atomic_write_bytes  # noqa: E402
 
 
 def save_png(fig, path: str | Path) -> None:

@@ -6,8 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ..provenance.atomic import atomic_write_text
-from .plotting import plt, save_png
+from workflow_src.provenance.atomic import atomic_write_text
+from workflow_src.report.plotting import plt, save_png
 
 
 def plot(log: dict, title: str):
@@ -41,14 +41,14 @@ def curve_csv(log: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--checkpoint", required=True, type=Path)
-    ap.add_argument("--png", required=True)
-    ap.add_argument("--csv", required=True)
-    a = ap.parse_args(argv)
-    log = json.loads((a.checkpoint / "pretraining_log.json").read_text())
-    save_png(plot(log, f"Pretraining of {a.checkpoint.name}"), a.png)
-    atomic_write_text(a.csv, curve_csv(log))
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--checkpoint", required=True, type=Path)
+    parser.add_argument("--png", required=True)
+    parser.add_argument("--csv", required=True)
+    args = parser.parse_args(argv)
+    log = json.loads((args.checkpoint / "pretraining_log.json").read_text())
+    save_png(plot(log, f"Pretraining of {args.checkpoint.name}"), args.png)
+    atomic_write_text(args.csv, curve_csv(log))
 
 
 if __name__ == "__main__":

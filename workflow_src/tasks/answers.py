@@ -17,17 +17,10 @@ while "70.5" and "71" are not, and nothing depends on float rounding.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
-import json
 import os
 import re
-import select
-import subprocess
-import sys
 import threading
-import time
-from pathlib import Path
 
 HASH_MARK = "####"
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)")
@@ -307,138 +300,99 @@ def extract_math(text: str) -> str | None:
 # math-verify's own timeouts use signal.alarm, which only works on the main thread: off it, parse
 # and verify raise ValueError instead of grading. With the timeouts disabled nothing bounds them,
 # and some inputs (towers of powers, huge factorials) keep sympy busy for minutes inside C code
-# that no signal or thread can interrupt. So math-verify runs in separate worker processes (on
-# their main thread, with its alarms on as an inner guard); the caller, from any thread, waits
-# at most `timeout_s` for a verdict and otherwise kills the worker and falls back to the string
-# comparison. Workers are started lazily, reused, and forgotten in a forked child.
+# that no signal or thread can interrupt. So math-verify runs in a pebble process pool (on each
+# worker's main thread, with its alarms on as an inner guard), where a task that runs past
+# `timeout_s` has its worker killed and replaced; the caller, from any thread, falls back to the
+# string comparison. Workers are spawned (never forked from a process that holds torch's threads),
+# started on first use, reused, and forgotten in a forked child.
 
 MATH_VERIFY_TIMEOUT_S = 5.0      # per comparison, as seen by the caller
-MATH_VERIFY_STARTUP_S = 60.0     # importing sympy + math-verify in a fresh worker
+MATH_VERIFY_STARTUP_S = 60.0     # spawning a worker and importing sympy + math-verify in it
 MATH_VERIFY_MAX_WORKERS = 2      # worker processes per calling process (threads share them)
 MATH_VERIFY_MAX_CHARS = 1000     # longer answers are compared as strings only
 
 
 class _Unavailable(Exception):
-    """No verdict from math-verify (timeout, dead worker, no free worker): use the string result."""
+    """No verdict from math-verify (timeout, dead worker): use the string result."""
 
 
-def _worker_argv() -> list[str]:
-    return [sys.executable, "-c", "from workflow_src.tasks.answers import _worker_main; _worker_main()"]
+def _worker_init() -> None:
+    import logging
+
+    import math_verify  # noqa: F401 - imported once per worker, before its first task
+
+    logging.disable(logging.CRITICAL)
 
 
-def _worker_env() -> dict[str, str]:
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
+def _worker_verify(gold: str, pred: str, timeout_s: float) -> bool | None:
+    """math-verify's verdict in a worker (None: either side did not parse, or it raised)."""
+    import math
 
+    from math_verify import parse, verify
 
-class _Worker:
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            _worker_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env=_worker_env(), bufsize=0, close_fds=True,
-        )
-        self.buf = b""
-        self.ready = False
-
-    def _readline(self, deadline: float) -> bytes | None:
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self.buf:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            readable, _, _ = select.select([fd], [], [], remaining)
-            if not readable:
-                return None
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                raise _Unavailable("math-verify worker exited")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
-        return line
-
-    def compare(self, gold: str, pred: str, timeout_s: float) -> bool | None:
-        if not self.ready:
-            if self._readline(time.monotonic() + MATH_VERIFY_STARTUP_S) != b"ready":
-                raise _Unavailable("math-verify worker did not start")
-            self.ready = True
-        request = json.dumps({"gold": gold, "pred": pred, "timeout_s": timeout_s}).encode() + b"\n"
-        view = memoryview(request)
-        while view:
-            view = view[os.write(self.proc.stdin.fileno(), view):]
-        line = self._readline(time.monotonic() + timeout_s)
-        if line is None:
-            raise _Unavailable("math-verify timed out")
-        return json.loads(line)["equal"]
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        with contextlib.suppress(Exception):
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-        self.close()
-
-    def close(self) -> None:
-        for stream in (self.proc.stdin, self.proc.stdout):
-            with contextlib.suppress(Exception):
-                stream.close()
+    inner = max(1, math.ceil(timeout_s))
+    try:
+        gold_parsed = parse("\\boxed{" + gold + "}", parsing_timeout=inner)
+        pred_parsed = parse("\\boxed{" + pred + "}", parsing_timeout=inner)
+        if gold_parsed and pred_parsed:
+            return bool(verify(gold_parsed, pred_parsed, timeout_seconds=inner))
+    except Exception:  # noqa: BLE001 - a bad input gets "no verdict", the worker lives on
+        pass
+    return None
 
 
 class _Pool:
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.idle: list[_Worker] = []
-        self.started = 0
+    """The worker processes of one calling process; `task` is what a worker runs (tests replace it)."""
 
-    def acquire(self, deadline: float) -> _Worker:
-        with self.cond:
-            while not self.idle and self.started >= MATH_VERIFY_MAX_WORKERS:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise _Unavailable("no free math-verify worker")
-                self.cond.wait(remaining)
-            if self.idle:
-                return self.idle.pop()
-            self.started += 1
+    def __init__(self, workers: int = MATH_VERIFY_MAX_WORKERS, task=_worker_verify) -> None:
+        self.workers, self.task = workers, task
+        self._lock = threading.Lock()
+        self._pool = None
+        self._warm = False  # a worker has answered: start-up is no longer part of the wait
+
+    def _started(self):
+        import multiprocessing
+
+        import pebble
+        with self._lock:
+            if self._pool is None:
+                self._pool = pebble.ProcessPool(max_workers=self.workers, initializer=_worker_init,
+                                                context=multiprocessing.get_context("spawn"))
+            return self._pool
+
+    def verify(self, gold: str, pred: str, timeout_s: float) -> bool | None:
+        """The worker's verdict; raises _Unavailable when there is none within the time allowed."""
+        from concurrent.futures import TimeoutError as FutureTimeout
+        future = self._started().schedule(self.task, args=(gold, pred, timeout_s), timeout=timeout_s)
+        # the task's own run is bounded by pebble; the wait also covers one task queued ahead, or a start-up
+        wait = timeout_s + (timeout_s if self._warm else MATH_VERIFY_STARTUP_S)
         try:
-            return _Worker()
-        except Exception as exc:
-            self._forget()
-            raise _Unavailable(f"cannot start a math-verify worker: {exc}") from exc
-
-    def release(self, worker: _Worker, healthy: bool) -> None:
-        if healthy and worker.alive():
-            with self.cond:
-                self.idle.append(worker)
-                self.cond.notify()
-            return
-        worker.kill()
-        self._forget()
-
-    def _forget(self) -> None:
-        with self.cond:
-            self.started -= 1
-            self.cond.notify()
+            verdict = future.result(timeout=wait)
+        except FutureTimeout:
+            future.cancel()
+            raise _Unavailable("math-verify timed out") from None
+        except Exception as exc:  # pebble.ProcessExpired (a worker that died) or the task's own error
+            raise _Unavailable(f"math-verify worker failed: {exc}") from exc
+        self._warm = True
+        return verdict
 
     def shutdown(self) -> None:
-        with self.cond:
-            idle, self.idle = self.idle, []
-        for worker in idle:
-            worker.kill()
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.stop()
+            pool.join(timeout=10)
 
 
 _POOL = _Pool()
+_INHERITED: list[_Pool] = []
 
 
 def _after_fork_in_child() -> None:
-    # The parent's workers and locks are not ours: close our copies of their pipes (so a worker
-    # still sees EOF when the parent exits) and start over.
+    # The parent's pool and its threads are not ours: keep the object from being collected (its
+    # finalizer would wait on threads that do not exist here) and start over.
     global _POOL
-    for worker in _POOL.idle:
-        worker.close()
+    _INHERITED.append(_POOL)
     _POOL = _Pool()
 
 
@@ -449,19 +403,7 @@ atexit.register(lambda: _POOL.shutdown())
 @functools.lru_cache(maxsize=65536)
 def _math_verify(gold: str, pred: str, timeout_s: float) -> bool | None:
     """math-verify's verdict (None: either side did not parse); raises _Unavailable (not cached)."""
-    pool = _POOL
-    worker = pool.acquire(time.monotonic() + timeout_s)
-    healthy = False
-    try:
-        verdict = worker.compare(gold, pred, timeout_s)
-        healthy = True
-        return verdict
-    except _Unavailable:
-        raise
-    except Exception as exc:
-        raise _Unavailable(f"math-verify worker failed: {exc}") from exc
-    finally:
-        pool.release(worker, healthy)
+    return _POOL.verify(gold, pred, timeout_s)
 
 
 def _read_thousands(s: str, other: str) -> str:
@@ -510,29 +452,3 @@ def math_equivalent(got: str | None, answer: str | None, timeout_s: float = MATH
             return False
     except Exception:  # noqa: BLE001 - grading must never raise into the trainer or the service
         return False
-
-
-def _worker_main() -> None:
-    """The math-verify worker: JSON lines {"gold", "pred", "timeout_s"} in, {"equal": bool|null} out."""
-    import logging
-    import math
-
-    from math_verify import parse, verify
-
-    logging.disable(logging.CRITICAL)
-    out = sys.stdout
-    out.write("ready\n")
-    out.flush()
-    for line in sys.stdin:
-        equal = None
-        try:
-            request = json.loads(line)
-            inner = max(1, math.ceil(float(request.get("timeout_s", MATH_VERIFY_TIMEOUT_S))))
-            gold = parse("\\boxed{" + request["gold"] + "}", parsing_timeout=inner)
-            pred = parse("\\boxed{" + request["pred"] + "}", parsing_timeout=inner)
-            if gold and pred:
-                equal = bool(verify(gold, pred, timeout_seconds=inner))
-        except Exception:  # noqa: BLE001 - a bad request gets "no verdict", the worker lives on
-            equal = None
-        out.write(json.dumps({"equal": equal}) + "\n")
-        out.flush()

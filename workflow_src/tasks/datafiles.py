@@ -10,13 +10,13 @@ values are exactly what the file holds.
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from pathlib import Path
 from typing import Any
 
-from ..provenance.hashing import sha256_file
+from workflow_src.config_schema import ConfigError, resolve
+from workflow_src.provenance.hashing import sha256_file
 
 REVISION = re.compile(r"^[0-9a-f]{40}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -26,15 +26,12 @@ class DataFileError(RuntimeError):
     """A data file that cannot be fetched, does not match its pin, or lacks a column."""
 
 
-def merged(defaults: dict[str, Any], spec: dict[str, Any] | None) -> dict[str, Any]:
-    """`spec` over `defaults`, recursively for nested dicts (a partial spec keeps the other defaults)."""
-    out = copy.deepcopy(defaults)
-    for key, value in (spec or {}).items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merged(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
+def resolved_spec(section: str, spec: dict[str, Any] | None) -> dict[str, Any]:
+    """The task section with the schema's defaults filled in; a bad key is a DataFileError naming it."""
+    try:
+        return resolve(section, spec)
+    except ConfigError as e:
+        raise DataFileError(str(e)) from None
 
 
 def check_sha256(path: Path, expected: str | None, setting: str) -> str:

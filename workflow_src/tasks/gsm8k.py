@@ -9,7 +9,7 @@ in a line `#### n`. A problem is
     solution  the `answer` column as is
     answer    canonical form of its `####` number ("1,200" -> "1200"; answers.extract_gsm8k_strict)
 
-Spec (config section `task.gsm8k`; unset keys take the defaults in `DEFAULTS`):
+Spec (config section `task.gsm8k`; unset keys take their defaults from config/schema.yaml):
 
     source            "hub" | "local": where the split files come from.
     hub.repo_id       Hub dataset repository (default "openai/gsm8k").
@@ -36,38 +36,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import answers
-from .datafiles import DataFileError, limited, merged, read_rows, render_prompt, split_file
-from .problem import Problem
+from workflow_src.tasks import answers
+from workflow_src.tasks.datafiles import DataFileError, limited, read_rows, render_prompt, resolved_spec, split_file
+from workflow_src.tasks.problem import Problem
 
 SECTION = "task.gsm8k"
 SPLITS = ("train", "test")
 COLUMNS = ["question", "answer"]
-DEFAULT_PROMPT_TEMPLATE = (
-    "Question: {question}\n"
-    "Solve the problem step by step. Finish with a line of the form \"#### <number>\".\n"
-    "Answer:"
-)
-DEFAULTS: dict[str, Any] = {
-    "source": "hub",
-    "hub": {
-        "repo_id": "openai/gsm8k",
-        "revision": None,
-        "cache_dir": None,
-        "files": {
-            "train": {"filename": "main/train-00000-of-00001.parquet", "sha256": None},
-            "test": {"filename": "main/test-00000-of-00001.parquet", "sha256": None},
-        },
-    },
-    "local": {"train": {"path": None, "sha256": None}, "test": {"path": None, "sha256": None}},
-    "limit": {"train": None, "test": None},
-    "prompt_template": DEFAULT_PROMPT_TEMPLATE,
-}
 
 
 def load(spec: dict[str, Any]) -> dict[str, list[Problem]]:
     """{"train": [Problem], "test": [Problem]} from the pinned files, in file order."""
-    spec = merged(DEFAULTS, spec)
+    spec = resolved_spec(SECTION, spec)
     out: dict[str, list[Problem]] = {}
     for split in SPLITS:
         path = split_file(SECTION, spec, split)

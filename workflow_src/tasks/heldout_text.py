@@ -15,7 +15,7 @@ When DIR already holds a manifest with the same spec (and task spec), nothing is
 file is checked against the manifest and a mismatch is an error that overwrites nothing. A
 different spec rebuilds DIR as a whole (provenance.atomic.atomic_directory).
 
-Spec (config section `heldout_text`; unset keys take the defaults in `DEFAULTS`):
+Spec (config section `heldout_text`; unset keys take their defaults from config/schema.yaml):
 
     source            "synthetic" (default) | "fineweb_edu".
     expected_sha256   null, or the sha256 texts.jsonl must have: the pin of a slice at scale; a
@@ -57,34 +57,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..provenance.atomic import atomic_directory, atomic_write_json
-from ..provenance.hashing import sha256_bytes, sha256_file
-from ..provenance.stamp import load_config_section
-from . import synthetic_arithmetic
-from .datafiles import merged
+from workflow_src.config_schema import ConfigError, resolve
+from workflow_src.provenance.atomic import atomic_directory, atomic_write_json
+from workflow_src.provenance.hashing import sha256_bytes, sha256_file
+from workflow_src.provenance.stamp import load_config_section
+from workflow_src.tasks import synthetic_arithmetic
 
 FORMAT = "speedproof.heldout-text/1"
 TEXTS = "texts.jsonl"
 MANIFEST = "MANIFEST.json"
 SECTION = "heldout_text"
-DEFAULTS: dict[str, Any] = {
-    "source": "synthetic",
-    "expected_sha256": None,
-    "synthetic": {"documents": None},
-    "fineweb_edu": {
-        "path": "HuggingFaceFW/fineweb-edu",
-        "name": "sample-10BT",
-        "revision": None,
-        "split": "train",
-        "data_files": None,
-        "text_field": "text",
-        "skip_documents": 0,
-        "min_chars": 500,
-        "max_chars": 20000,
-        "documents": 256,
-        "scan_limit": 100000,
-    },
-}
 
 
 class HeldoutTextError(RuntimeError):
@@ -204,7 +186,10 @@ def read_texts(out: str | Path) -> list[str]:
 def build(spec: dict[str, Any], task_spec: dict[str, Any] | None, out: str | Path) -> tuple[dict[str, Any], bool]:
     """(manifest, built): build DIR, or verify it when it already holds this spec's slice."""
     out = Path(out)
-    spec = merged(DEFAULTS, spec)
+    try:
+        spec = resolve(SECTION, spec)
+    except ConfigError as e:
+        raise HeldoutTextError(str(e)) from None
     source = spec["source"]
     if source not in ("synthetic", "fineweb_edu"):
         raise HeldoutTextError(f"{SECTION}.source: {source!r}; use synthetic or fineweb_edu")
@@ -252,13 +237,13 @@ def _task_spec(path: str | None) -> dict[str, Any] | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Build (or verify) the held-out text slice for bits-per-byte.")
-    ap.add_argument("--spec", required=True, help="heldout_text config-section file")
-    ap.add_argument("--task-spec", help="task or task.synthetic_arithmetic config-section file (synthetic source)")
-    ap.add_argument("--out", required=True, help="output directory (texts.jsonl, MANIFEST.json)")
-    a = ap.parse_args(argv)
-    manifest, built = build(load_config_section(a.spec)["value"], _task_spec(a.task_spec), a.out)
-    print(f"heldout_text: {'built' if built else 'verified'} {a.out}: {manifest['documents']} documents, "
+    parser = argparse.ArgumentParser(description="Build (or verify) the held-out text slice for bits-per-byte.")
+    parser.add_argument("--spec", required=True, help="heldout_text config-section file")
+    parser.add_argument("--task-spec", help="task or task.synthetic_arithmetic config-section file (synthetic source)")
+    parser.add_argument("--out", required=True, help="output directory (texts.jsonl, MANIFEST.json)")
+    args = parser.parse_args(argv)
+    manifest, built = build(load_config_section(args.spec)["value"], _task_spec(args.task_spec), args.out)
+    print(f"heldout_text: {'built' if built else 'verified'} {args.out}: {manifest['documents']} documents, "
           f"{manifest['bytes']} bytes, sha256 {manifest['texts_sha256']}")
 
 

@@ -15,7 +15,7 @@ the file's order. With n_train 0 (the default) train is empty and test is the wh
 `levels` keeps only the problems of those difficulty levels (the `level` column, 1-5; e.g. [4, 5],
 the hardest 262 problems) before the carving.
 
-Spec (config section `task.math500`; unset keys take the defaults in `DEFAULTS`):
+Spec (config section `task.math500`; unset keys take their defaults from config/schema.yaml):
 
     source            "hub" | "local": where the file comes from.
     hub.repo_id       Hub dataset repository (default "HuggingFaceH4/MATH-500").
@@ -41,31 +41,11 @@ import hashlib
 import random
 from typing import Any
 
-from .datafiles import DataFileError, limited, merged, read_rows, render_prompt, split_file
-from .problem import Problem
+from workflow_src.tasks.datafiles import DataFileError, limited, read_rows, render_prompt, resolved_spec, split_file
+from workflow_src.tasks.problem import Problem
 
 SECTION = "task.math500"
 COLUMNS = ["problem", "solution", "answer", "unique_id"]
-DEFAULT_PROMPT_TEMPLATE = (
-    "Problem: {problem}\n"
-    "Solve the problem step by step and put the final answer in \\boxed{}.\n"
-    "Solution:"
-)
-DEFAULTS: dict[str, Any] = {
-    "source": "hub",
-    "hub": {
-        "repo_id": "HuggingFaceH4/MATH-500",
-        "revision": None,
-        "cache_dir": None,
-        "files": {"test": {"filename": "test.jsonl", "sha256": None}},
-    },
-    "local": {"test": {"path": None, "sha256": None}},
-    "levels": [],
-    "n_train": 0,
-    "split_seed": 0,
-    "limit": {"train": None, "test": None},
-    "prompt_template": DEFAULT_PROMPT_TEMPLATE,
-}
 
 
 def train_rows(n_rows: int, n_train: int, seed: int) -> set[int]:
@@ -93,7 +73,7 @@ def row_level(row: dict[str, Any]) -> int:
 
 def load(spec: dict[str, Any]) -> dict[str, list[Problem]]:
     """{"train": [Problem], "test": [Problem]} from the pinned file."""
-    spec = merged(DEFAULTS, spec)
+    spec = resolved_spec(SECTION, spec)
     path = split_file(SECTION, spec, "test")
     rows = read_rows(path, COLUMNS, SECTION)
     levels = spec.get("levels") or []
@@ -102,12 +82,12 @@ def load(spec: dict[str, Any]) -> dict[str, list[Problem]]:
         if not kept:
             raise DataFileError(f"{SECTION}.levels: no problem of levels {levels} in {path}")
         rows = kept
-    n_train = spec.get("n_train", 0)
+    n_train = spec["n_train"]
     if not isinstance(n_train, int) or isinstance(n_train, bool) or not 0 <= n_train < len(rows):
         raise DataFileError(
             f"{SECTION}.n_train: {n_train!r}; must be an integer in [0, {len(rows)}) so test keeps a problem"
         )
-    train = train_rows(len(rows), n_train, spec.get("split_seed", 0))
+    train = train_rows(len(rows), n_train, spec["split_seed"])
     problems = {
         index: Problem(
             id=str(row["unique_id"]),

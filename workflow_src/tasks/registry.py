@@ -16,10 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import answers
-from . import gsm8k
-from . import math500
-from . import synthetic_arithmetic
+from workflow_src.tasks import answers, gsm8k, math500, synthetic_arithmetic
 
 
 @dataclass(frozen=True)

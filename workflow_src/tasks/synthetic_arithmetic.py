@@ -23,7 +23,7 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from .problem import Problem  # defined in problem.py; `synthetic_arithmetic.Problem` still works
+from workflow_src.tasks.problem import Problem  # defined in problem.py; `synthetic_arithmetic.Problem` still works
 
 OPERATORS = ("+", "-")
 # Test is drawn first and heldout second, so each is unchanged by the sizes of the splits drawn

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 # Imported from its own file, as a repository that copied records_writer.py next to its trainer would.
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "workflow_src" / "protocol"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "workflow_src" / "bitwise"))
 from records_writer import RecordWriter, tensor_digest  # noqa: E402
 
 SETTINGS = {"seed": 0, "samples": 4096, "inputs": 16, "features": 512, "hidden": 64, "batch": 64,

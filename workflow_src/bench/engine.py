@@ -1,0 +1,282 @@
+"""Generation throughput of the engines side by side, and RandOpt population seeds/s, on random weights.
+
+    python -m workflow_src.bench.engine --out bench.json [--shapes 0.5B 1.5B 7B] [--engines hf static]
+        [--prompts 128] [--prompt-chars 200] [--new-tokens 512] [--batch 128] [--seeds 4] [--tiny]
+
+For each architecture shape (workflow_src/model/shapes.py), a model with seeded random bf16 weights is made
+directly on the device (no checkpoint written), with the synthetic task's tokenizer filled to the
+shape's vocabulary; prompts are random strings of the task's characters (one token per character, so
+`--prompt-chars` ≈ prompt tokens). Random weights almost never emit <eos>, so every completion runs to
+`--new-tokens`: the work per engine is fixed and equal. Each engine generates the same prompts once to warm
+up (compilation, graph capture) and once timed; the record has generated tokens/s per engine, the ratio to
+the first engine, and how many completions agree with the first engine's (on random weights greedy picks
+among near-equal logits, so agreement here says little; the CPU tests measure it on a trained model).
+`--seeds N` then times a RandOpt population on the last shape: per seed, the fused weight switch
+(`randopt.perturb.Perturber`) and the generation of all prompts with each engine (or those named by
+`--population-engines`); seeds/s = N / seconds, and the seconds of each seed (the first also captures the
+new engine's graphs).
+Beside the engines, the device's copy bandwidth and matrix rate are measured (`roofline.ceilings`), and each
+shape's workload gets its roofline floor (`roofline.generation_work`, `roofline.floor`: its decode steps at
+the slower of the weights and KV cache they must read and their GEMM arithmetic, its prefill's arithmetic):
+each engine's `share_of_floor` is the floor's seconds over its own, and the population's is its seeds/s
+(after the first seed) over the floor's seeds/s.
+`--profile N` then profiles N new tokens of the static engine on the last shape with the torch profiler,
+eager (kernels inside a replayed CUDA graph are not attributed one by one), and records the ops that took the
+most device (CPU: host) time: where a decode step goes, as a guide to the next optimization.
+`--engines` takes engine names, and `static:key=value,...` for the static engine with other options: `span=N`
+(span_bucket N; a huge N attends over the whole cache capacity), `fused=0|1`, `packed=0|1`, `attention=sdpa|triton`,
+`graphs=0|1`, `overlap=0|1` (whether a decode step is launched before the previous one's tokens are read),
+`launch=block_n/num_warps/num_stages/splits` (the Triton decode attention's launch, e.g. 64/4/3/2)
+(StaticEngine's arguments; unnamed ones keep its defaults). Packing re-lays out the model's
+weights for good: list engines that do not pack before those that do.
+`--tiny` swaps the shapes for a two-layer stand-in (for the CPU tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import time
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from workflow_src.bench.roofline import ceilings, floor, generation_work
+from workflow_src.checkpoints.random_init import tensor_seed
+from workflow_src.checkpoints.tokenizer import build_tokenizer
+from workflow_src.engine import ThroughputMeter, make_engine
+from workflow_src.kernels.decode_attention import Launch
+from workflow_src.model.shapes import SHORT_NAMES, architecture
+from workflow_src.tasks import synthetic_arithmetic as task
+
+SHAPES = SHORT_NAMES
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "vocab_size": 512, "max_position_embeddings": 512}
+ALPHABET_SPEC = {"operators": ["+", "-"]}
+
+
+@torch.no_grad()
+def random_model(shape: str, device: str, tiny: bool, seed: int = 0):
+    arch = architecture(SHAPES[shape], TINY if tiny else None)
+    tok = build_tokenizer(task.alphabet(ALPHABET_SPEC), arch["max_position_embeddings"], vocab_size=arch["vocab_size"])
+    cfg = Qwen2Config(**arch, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(cfg)
+    model = model.to(dtype).to_empty(device=device)
+    model.tie_weights()
+    model.model.rotary_emb = type(model.model.rotary_emb)(cfg).to(device)  # its buffers were left empty
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        elif name.endswith(".bias"):
+            p.zero_()
+        else:
+            g = torch.Generator(device=device).manual_seed(tensor_seed(seed, name))
+            p.copy_(torch.empty(p.shape, dtype=torch.float32, device=device).normal_(0.0, 0.02, generator=g))
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model.eval(), tok
+
+
+def random_prompts(n: int, chars: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    letters = task.alphabet(ALPHABET_SPEC).replace("\n", "")
+    return ["".join(rng.choice(letters) for _ in range(chars)) for _ in range(n)]
+
+
+def parse_launch(value: str) -> Launch:
+    """`block_n/num_warps/num_stages/splits` (e.g. 64/4/3/2) as a decode-attention Launch."""
+    parts = value.split("/")
+    if len(parts) != 4 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"launch {value!r}: expected block_n/num_warps/num_stages/splits, e.g. 64/4/3/2")
+    return Launch(*map(int, parts))
+
+
+STATIC_OPTIONS = {"span": ("span_bucket", int), "fused": ("fused", lambda v: bool(int(v))),
+                  "packed": ("packed", lambda v: bool(int(v))), "graphs": ("graphs", lambda v: bool(int(v))),
+                  "attention": ("attention", str), "launch": ("launch", parse_launch),
+                  "overlap": ("overlap", lambda v: bool(int(v)))}
+
+
+def static_options(label: str) -> dict:
+    """StaticEngine keyword arguments of a label `static:span=N,fused=1,packed=1,graphs=0,attention=sdpa`
+    (any subset; the rest keep StaticEngine's defaults)."""
+    options = {}
+    for item in filter(None, label.split(":", 1)[1].split(",")):
+        key, _, value = item.partition("=")
+        if key not in STATIC_OPTIONS or not value:
+            raise ValueError(f"engine label {label!r}: options are {sorted(STATIC_OPTIONS)} as key=value")
+        name, parse = STATIC_OPTIONS[key]
+        options[name] = parse(value)
+    return options
+
+
+def bench_engine(label: str, model, tok, batch: int, meter: ThroughputMeter):
+    """An engine by name, or `static:key=value,...`: the static engine with those options (static_options)."""
+    if label.startswith("static:"):
+        from workflow_src.engine.static import StaticEngine
+        return StaticEngine(model, tok, batch, meter=meter, **static_options(label))
+    return make_engine(label, model, tok, batch, meter=meter)
+
+
+DETERMINISM = ("off", "cublas", "torch", "torch-nofill")
+
+
+def pin_determinism(mode: str) -> None:
+    """Before any CUDA work: `cublas` sets the cuBLAS workspace the RandOpt runtime sets; `torch` also turns
+    on torch's deterministic algorithms (as randopt.runtime.setup_runtime does); `torch-nofill` without their
+    filling of every new tensor with NaN (`torch.utils.deterministic.fill_uninitialized_memory`)."""
+    if mode == "off":
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if mode.startswith("torch"):
+        torch.use_deterministic_algorithms(True)
+    if mode == "torch-nofill":
+        torch.utils.deterministic.fill_uninitialized_memory = False
+
+
+def timed_generate(engine, prompts, new_tokens, sync) -> dict:
+    meter = engine.meter
+    with meter.phase("timed"):
+        out = engine.generate(prompts, new_tokens)
+    sync()
+    stats = meter.to_dict()["timed"]
+    stats["gen_tokens_per_s"] = stats["generated_tokens"] / stats["seconds"]
+    return {"completions": out, **stats}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--shapes", nargs="+", default=["0.5B", "1.5B", "7B"], choices=sorted(SHAPES))
+    parser.add_argument("--engines", nargs="+", default=["hf", "static"])
+    parser.add_argument("--prompts", type=int, default=128)
+    parser.add_argument("--prompt-chars", type=int, default=200)
+    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--seeds", type=int, default=0, help="time a population of this many seeds on the last shape")
+    parser.add_argument("--population-engines", nargs="+", metavar="ENGINE",
+                    help="the engines the population runs (default: all of --engines)")
+    parser.add_argument("--sigma", type=float, default=1e-3)
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="profile N new tokens of the eager static engine on the last shape (top ops by time)")
+    parser.add_argument("--determinism", choices=DETERMINISM, default="off",
+                    help="the process's determinism settings (pin_determinism); the RandOpt workflow runs `torch`")
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    if args.population_engines and not set(args.population_engines) <= set(args.engines):
+        parser.error(f"--population-engines {args.population_engines} must be among --engines {args.engines}")
+    pin_determinism(args.determinism)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    prompts = random_prompts(args.prompts, args.prompt_chars)
+    from workflow_src.engine.attention import attention_backend
+    doc = {"format": "speedproof.engine-bench/1", "device": args.device, "torch": torch.__version__,
+           "attention": attention_backend(),
+           "device_name": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor(),
+           "args": vars(args), "shapes": {}}
+    doc["ceilings"] = ceilings(args.device, torch.bfloat16 if args.device == "cuda" else torch.float32)
+    print(f"ceilings: copy {doc['ceilings']['copy']['gb_per_s']:,.0f} GB/s, matmul "
+          f"{doc['ceilings']['matmul']['tflop_per_s']:,.1f} TFLOP/s (ridge at {doc['ceilings']['ridge_rows']:,.0f} rows "
+          f"per decode step)", flush=True)
+    for shape in args.shapes:
+        model, tok = random_model(shape, args.device, args.tiny)
+        work = generation_work(model, [len(ids) for ids in tok(prompts)["input_ids"]], args.new_tokens, args.batch)
+        row: dict = {"parameters": sum(p.numel() for p in model.parameters()), "engines": {},
+                     "floor": {"work": work, **floor(work, doc["ceilings"])}}
+        print(f"{shape:>5} {'floor':>16}: {row['floor']['gen_tokens_per_s']:,.0f} gen-tok/s "
+              f"({row['floor']['seconds']:.3f} s per generation of the prompts; decode bound by "
+              f"{row['floor']['decode_bound']})", flush=True)
+        first = None
+        for name in args.engines:
+            engine = bench_engine(name, model, tok, args.batch, ThroughputMeter(sync=sync))
+            engine.generate(prompts[: args.batch], args.new_tokens)  # warm-up: compilation, graph capture
+            res = timed_generate(engine, prompts, args.new_tokens, sync)
+            completions = res.pop("completions")
+            if first is None:
+                first = (name, completions, res["gen_tokens_per_s"])
+            res["ratio_to_" + first[0]] = res["gen_tokens_per_s"] / first[2]
+            res["agreement_with_" + first[0]] = sum(x == y for x, y in zip(completions, first[1])) / len(prompts)
+            res["attention"] = attention_backend(engine)
+            res["share_of_floor"] = row["floor"]["seconds"] / res["seconds"]
+            row["engines"][name] = res
+            print(f"{shape:>5} {name:>16}: {res['gen_tokens_per_s']:,.0f} gen-tok/s "
+                  f"({res['ratio_to_' + first[0]]:.2f}x {first[0]}, {res['share_of_floor']:.0%} of the floor)",
+                  flush=True)
+        doc["shapes"][shape] = row
+        if args.seeds and shape == args.shapes[-1]:
+            doc["population"] = population(model, tok, args, prompts, sync, row["floor"]["seconds"])
+        if args.profile and shape == args.shapes[-1]:
+            doc["profile"] = profile_static(model, tok, args, prompts, sync)
+        del model
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+def profile_static(model, tok, a, prompts, sync, top: int = 25) -> dict:
+    """The ops of `a.profile` eager static-engine tokens over one batch, by total self time (device time on a
+    GPU, host time on the CPU), with call counts."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from workflow_src.engine.static import StaticEngine
+    engine = StaticEngine(model, tok, a.batch, meter=ThroughputMeter(sync=sync), graphs=False)
+    batch = prompts[: a.batch]
+    engine.generate(batch, a.profile)  # warm-up
+    cuda = a.device == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        engine.generate(batch, a.profile)
+        sync()
+    field = "self_device_time_total" if cuda else "self_cpu_time_total"
+    ops = sorted((e for e in prof.key_averages() if getattr(e, field) > 0), key=lambda e: -getattr(e, field))
+    total = sum(getattr(e, field) for e in ops)
+    rows = [{"op": e.key, "calls": e.count, "ms": getattr(e, field) / 1e3,
+             "share": getattr(e, field) / total} for e in ops[:top]]
+    for r in rows[:10]:
+        print(f"profile {r['share']:6.1%} {r['ms']:10.2f} ms {r['calls']:7d}x {r['op'][:80]}", flush=True)
+    return {"new_tokens": a.profile, "prompts": len(batch), "clock": "device" if cuda else "host",
+            "total_ms": total / 1e3, "per_new_token_ms": total / 1e3 / a.profile, "top": rows}
+
+
+def population(model, tok, a, prompts, sync, floor_seconds: float) -> dict:
+    """Seeds/s of a population per engine; `floor_seconds`, the roofline floor of one seed's generation (the
+    weight switch not counted), gives the floor's seeds/s and each engine's share of it (after the first seed
+    where there are several)."""
+    from workflow_src.engine.perturber import Perturber
+    from workflow_src.noise.speedproof import population_seeds
+    perturber = Perturber(model)
+    out = {"seeds": a.seeds, "sigma": a.sigma, "prompts": len(prompts), "floor_seeds_per_s": 1 / floor_seconds,
+           "engines": {}}
+    for name in a.population_engines or a.engines:
+        engine = bench_engine(name, model, tok, a.batch, ThroughputMeter(sync=sync))
+        sync()
+        t0 = time.perf_counter()
+        marks = [t0]
+        for seed in population_seeds(0, a.seeds):
+            perturber.apply(seed, a.sigma)
+            engine.generate(prompts, a.new_tokens)
+            sync()
+            marks.append(time.perf_counter())
+        perturber.restore_base()
+        sync()
+        seconds = time.perf_counter() - t0
+        per_seed = [b - a_ for a_, b in zip(marks, marks[1:])]
+        row = {"seconds": seconds, "seeds_per_s": a.seeds / seconds, "seed_seconds": per_seed}
+        if len(per_seed) > 1:  # the first seed also captures the new engine's graphs
+            row["seeds_per_s_after_first"] = (len(per_seed) - 1) / sum(per_seed[1:])
+        row["share_of_floor"] = row.get("seeds_per_s_after_first", row["seeds_per_s"]) * floor_seconds
+        out["engines"][name] = row
+        print(f"population {name:>7}: {a.seeds / seconds:.3f} seeds/s"
+              + (f" ({row['seeds_per_s_after_first']:.3f} after the first)" if len(per_seed) > 1 else "")
+              + f", {row['share_of_floor']:.0%} of the floor's {1 / floor_seconds:.3f}", flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    main()

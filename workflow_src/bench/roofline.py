@@ -1,0 +1,155 @@
+"""The least time a batched greedy generation can take on a device: its decode steps at the slower of the bytes
+they must read (at a measured copy bandwidth) and their GEMM arithmetic (at a measured matrix rate), plus its
+prefill's GEMM arithmetic at that rate.
+
+    python -m workflow_src.bench.roofline [--device cuda] [--dtype bfloat16] [--out ceilings.json]
+
+measures the two ceilings alone (`ceilings`); `engine.bench` measures them beside its engines and puts each
+engine's tokens/s and seeds/s against the floor of its own workload (`generation_work`, `floor`).
+
+What the floor counts, for `prompts` of known lengths, `max_new_tokens` and `slots` (every completion runs to
+max_new_tokens, as random weights make them; stops only shorten the work):
+- every decode step reads each weight a token's forward pass uses, once: all parameters but the input
+  embedding table, of which a step reads one row per slot (a tied lm_head reads it whole and counts once);
+- at position p a slot reads the keys and values of positions 0..p in every layer;
+- decode steps: waves × (max_new_tokens − 1), waves = ceil(prompts / slots) (the first token comes from the
+  prefill), a wave's steps over the prompts it holds (the queue's order);
+- a decode step multiplies each of its rows by the layers' weight matrices and the lm_head (2 FLOP per weight
+  and row): per weight byte as many FLOP as rows in bf16, so a step with more rows than the device's ratio of
+  matrix rate to copy bandwidth is bound by its arithmetic, not its reads. A wave takes the slower of the two
+  (the reads, KV cache included, at the copy rate; the arithmetic at the matrix rate);
+- the prefill multiplies each prompt token by the layers' weight matrices and each prompt's last position by the
+  lm_head; attention's own arithmetic is left out (under 1 % at 200-token prompts on Qwen2.5-7B).
+Norms, activations, attention arithmetic, gaps between kernels and the host come on top: an engine's share of
+the floor says how close to the memory and matrix ceilings it runs, not what it could reach.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Sequence
+
+import torch
+
+from workflow_src.bench.fused_elementwise_check import times_ms
+
+# Sizes that run well past launch overhead: several times a GPU's L2 (the copy) and a product whose arithmetic
+# dwarfs its memory traffic; on a CPU, a copy beyond the caches and a product of a few hundred milliseconds.
+COPY_BYTES = {"cuda": 4 * 2**30, "cpu": 256 * 2**20}
+MATMUL_N = {"cuda": 8192, "cpu": 1024}
+
+
+def copy_bandwidth(device: str = "cuda", nbytes: int | None = None, repeats: int = 10) -> dict:
+    """A copy of `nbytes` on `device`: bytes read and written over the median time (`ms_all`: each copy's)."""
+    n = nbytes or COPY_BYTES[device]
+    src = torch.full((n,), 7, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = times_ms(lambda: dst.copy_(src), device, repeats)
+    med = statistics.median(ms)
+    return {"bytes_moved": 2 * n, "ms_median": med, "ms_all": ms, "gb_per_s": 2 * n / med / 1e6}
+
+
+def matmul_rate(device: str = "cuda", dtype: torch.dtype = torch.bfloat16, n: int | None = None,
+                repeats: int = 10) -> dict:
+    """An n×n×n product of random `dtype` matrices on `device`: 2n³ FLOP over the median time."""
+    n = n or MATMUL_N[device]
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=torch.float32, generator=gen).to(dtype)
+    b = torch.randn(n, n, device=device, dtype=torch.float32, generator=gen).to(dtype)
+    ms = times_ms(lambda: a @ b, device, repeats)
+    med = statistics.median(ms)
+    return {"n": n, "dtype": str(dtype).removeprefix("torch."), "ms_median": med, "ms_all": ms,
+            "tflop_per_s": 2 * n**3 / med / 1e9}
+
+
+def ridge_rows(measured: dict, element_size: int) -> float:
+    """Rows per decode step at which its weight reads (at the copy rate) and its GEMM arithmetic (at the matrix
+    rate) take equal time, for weights of `element_size` bytes: 2 FLOP per weight and row. Fewer rows: the reads
+    bound the step; more: the arithmetic."""
+    flop_per_byte = measured["matmul"]["tflop_per_s"] * 1e12 / (measured["copy"]["gb_per_s"] * 1e9)
+    return flop_per_byte * element_size / 2
+
+
+def ceilings(device: str, dtype: torch.dtype) -> dict:
+    """The copy bandwidth and the matrix rate in `dtype` on `device`, measured now, and their ridge in rows."""
+    measured = {"copy": copy_bandwidth(device), "matmul": matmul_rate(device, dtype)}
+    return {**measured, "ridge_rows": ridge_rows(measured, dtype.itemsize)}
+
+
+def generation_work(model: torch.nn.Module, prompt_lengths: Sequence[int], max_new_tokens: int, slots: int) -> dict:
+    """What a generation of these prompts must move and compute (the module's docstring says what is counted)."""
+    if max_new_tokens < 1 or slots < 1 or not prompt_lengths or min(prompt_lengths) < 1:
+        raise ValueError(f"roofline: need max_new_tokens >= 1, slots >= 1 and prompts of >= 1 token, got "
+                         f"{max_new_tokens}, {slots}, {list(prompt_lengths)[:4]}...")
+    cfg = model.config
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    tied = head.data_ptr() == embed.data_ptr()
+    params = list(model.parameters())  # a tied weight once
+    step_bytes = sum(p.numel() * p.element_size() for p in params if p.data_ptr() != embed.data_ptr())
+    if tied:
+        step_bytes += head.numel() * head.element_size()
+    head_weights = head.numel()
+    layer_weights = sum(p.numel() for p in params  # the matrices: norms and biases add no multiplications
+                        if p.dim() == 2 and p.data_ptr() not in (embed.data_ptr(), head.data_ptr()))
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_per_position = cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 2 * embed.element_size()
+    steps_per_prompt = max_new_tokens - 1
+    matrix_weights = layer_weights + head_weights  # what each decode row multiplies
+
+    def kv_positions(lengths: Sequence[int]) -> int:  # length n reads n + t positions at decode step t
+        return sum(n * steps_per_prompt + steps_per_prompt * (steps_per_prompt + 1) // 2 for n in lengths)
+
+    lengths = list(prompt_lengths)
+    waves = [{"rows": len(wave), "kv_bytes": kv_positions(wave) * kv_per_position,
+              "decode_flop": 2 * matrix_weights * len(wave) * steps_per_prompt}
+             for wave in (lengths[i:i + slots] for i in range(0, len(lengths), slots))]
+    return {"prompts": len(lengths), "prompt_tokens": sum(lengths), "max_new_tokens": max_new_tokens,
+            "slots": slots, "decode_steps": len(waves) * steps_per_prompt, "steps_per_wave": steps_per_prompt,
+            "weight_bytes_per_step": step_bytes, "kv_bytes_per_position": kv_per_position,
+            "kv_bytes": sum(w["kv_bytes"] for w in waves), "decode_flop": sum(w["decode_flop"] for w in waves),
+            "waves": waves,
+            "prefill_flop": 2 * layer_weights * sum(lengths) + 2 * head_weights * len(lengths),
+            "generated_tokens": len(prompt_lengths) * max_new_tokens}
+
+
+def floor(work: dict, measured: dict) -> dict:
+    """Seconds of `work` (generation_work) at the `measured` ceilings (`ceilings`), and the tokens/s they allow:
+    each wave of decode steps at the slower of its reads and its arithmetic (`decode_bound`: which one bound the
+    waves), then the prefill's arithmetic."""
+    copy = measured["copy"]["gb_per_s"] * 1e9
+    rate = measured["matmul"]["tflop_per_s"] * 1e12
+    weights_s = work["decode_steps"] * work["weight_bytes_per_step"] / copy
+    kv_s = work["kv_bytes"] / copy
+    decode_s, bounds = 0.0, set()
+    for wave in work["waves"]:
+        reads_s = (work["steps_per_wave"] * work["weight_bytes_per_step"] + wave["kv_bytes"]) / copy
+        flop_s = wave["decode_flop"] / rate
+        decode_s += max(reads_s, flop_s)
+        bounds.add("reads" if reads_s >= flop_s else "arithmetic")
+    prefill_s = work["prefill_flop"] / rate
+    seconds = decode_s + prefill_s
+    return {"seconds": seconds, "decode_s": decode_s, "decode_bound": "/".join(sorted(bounds)),
+            "weights_s": weights_s, "kv_s": kv_s, "decode_flop_s": work["decode_flop"] / rate,
+            "prefill_s": prefill_s, "gen_tokens_per_s": work["generated_tokens"] / seconds}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=sorted(COPY_BYTES))
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--out", help="write the ceilings here as JSON")
+    args = parser.parse_args(argv)
+    measured = ceilings(args.device, getattr(torch, args.dtype))
+    print(f"copy {measured['copy']['gb_per_s']:,.0f} GB/s, {args.dtype} matmul "
+          f"{measured['matmul']['tflop_per_s']:,.1f} TFLOP/s on {args.device}: a decode step of more than "
+          f"{measured['ridge_rows']:,.0f} rows is bound by its arithmetic, not its weight reads")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"format": "speedproof.ceilings/1", "device": args.device, **measured}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The bitwise family: per-step records of a run, their digests, the comparison of two implementations on every rank, and the operator receipt."""
