@@ -134,7 +134,8 @@ def test_sigma_assignment_blocks_and_random():
     r = sigma_indices(40, 3, "random", 5)
     assert sorted(r) == sorted(sigma_indices(40, 3, "blocks", 5)) and r != sigma_indices(40, 3, "blocks", 5)
     assert r == sigma_indices(40, 3, "random", 5) and r != sigma_indices(40, 3, "random", 6)
-    t = population_table({"seed": 0, "population": 4, "sigmas": [1e-3, 2e-3], "assignment": "blocks"})
+    t = population_table({"seed": 0, "population": 4, "sigmas": [1e-3, 2e-3], "assignment": "blocks",
+                          "scheme": "speedproof", "seeds": None, "seed_sigmas": None})
     assert t["seed"].tolist() == [2546248239, 3626093760, 3684848379, 3638918503]  # docs/randopt-noise.md
     assert t["sigma"].tolist() == [1e-3, 1e-3, 2e-3, 2e-3] and t["position"].tolist() == [0, 1, 2, 3]
 
@@ -168,7 +169,8 @@ def test_settings_defaults_and_errors():
             RandOptSettings.from_dict(bad)
 
 
-SPEC = {"seed": 3, "population": 7, "sigmas": [0.001, 0.002], "assignment": "blocks"}
+SPEC = {"seed": 3, "population": 7, "sigmas": [0.001, 0.002], "assignment": "blocks", "scheme": "speedproof",
+        "seeds": None, "seed_sigmas": None}
 IDENTITY = {"population_sha256": "r", "task": "t", "task_sha256": "x", "checkpoint_manifest_sha256": None}
 
 

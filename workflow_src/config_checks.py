@@ -70,11 +70,14 @@ def speedup_problems(config: dict[str, Any], schema: dict[str, Any] | None = Non
 
 
 def randopt_problems(config: dict[str, Any]) -> list[str]:
-    """The vote's Ks fit the population, and the headline K is one of the sweep's."""
+    """The vote's Ks fit the population, the headline K is one of the sweep's, and the seeds, their σ and the
+    noise scheme agree (randopt.settings.population_problems)."""
     import math
+
+    from workflow_src.randopt.settings import population_problems
     randopt = config["randopt"]
     n = randopt["population"]
-    problems = []
+    problems = population_problems(randopt)
     too_large = sorted(k for k in randopt["ks"] if k > n)
     if too_large and not randopt["cap_ks"]:
         problems.append(f"randopt.ks: {too_large} larger than randopt.population ({n}); lower them, or set "

@@ -17,7 +17,9 @@ Which parameters (docs/design.md §7, docs/randopt-noise.md):
 - buffers are never perturbed.
 
 The global element index runs over the perturbed parameters in name-sorted order (`noise.layout`),
-so the noise a seed gives depends only on the set of perturbed names and their shapes.
+so the noise a seed gives depends only on the set of perturbed names and their shapes. Under the flashopt
+scheme (`scheme="flashopt"`) the signs and the index order are the RandOpt speedrun's
+(`noise/flashopt.py`): every parameter, offsets over vLLM's fused names.
 
 The base copy has the parameters' own dtype and device (it doubles the perturbed parameters'
 memory: that is the price of reconstruction without drift). Backends: `triton` (the fused kernel of
@@ -33,6 +35,7 @@ from collections.abc import Sequence
 
 import torch
 
+from workflow_src.noise import schemes
 from workflow_src.noise import speedproof as noise
 
 SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
@@ -79,9 +82,14 @@ class Perturber(LaidOut):
     """Owns the resident base copy of the perturbed parameters and rewrites them in place."""
 
     def __init__(self, model: torch.nn.Module, include: Sequence[str] = ("*",), exclude: Sequence[str] = (),
-                 backend: str = "auto"):
+                 backend: str = "auto", scheme: str = "speedproof"):
         if backend not in BACKENDS:
             raise ValueError(f"perturb backend {backend!r}; known: {list(BACKENDS)}")
+        self.scheme = schemes.check_scheme(scheme)
+        if scheme == "flashopt" and (list(include) != ["*"] or list(exclude)):
+            # its offsets run over every parameter: a subset would not be the speedrun's noise
+            raise ValueError("the flashopt noise scheme perturbs every parameter: perturb.include must be ['*'] "
+                             "and perturb.exclude empty")
         params = select_parameters(model, include, exclude)
         if not params:
             raise ValueError(f"no parameter matches perturb.include={list(include)} minus "
@@ -92,7 +100,7 @@ class Perturber(LaidOut):
         self.model = model
         self._params = params
         self.targets: dict[str, torch.Tensor] = {n: p.data for n, p in params.items()}
-        self.layout = noise.layout(self.targets)
+        self.layout = schemes.layout(scheme, self.targets)
         with torch.no_grad():
             self.base: dict[str, torch.Tensor] = {n: t.detach().clone() for n, t in self.targets.items()}
         devices = {t.device.type for t in self.targets.values()}
@@ -112,13 +120,14 @@ class Perturber(LaidOut):
             # per-launch host overhead dominated the switch for many small tensors (docs/benchmarks).
             if self._graph is None:
                 from workflow_src.kernels.perturb import SwitchGraph
-                self._graph = SwitchGraph(self.base, self.targets, self.layout)
+                self._graph = SwitchGraph(self.base, self.targets, self.layout, scheme=self.scheme)
             self._graph.switch(seed, sigma)
         elif self.backend == "triton":
             from workflow_src.kernels.perturb import reconstruct_all_triton
-            reconstruct_all_triton(self.base, self.targets, seed, sigma, self.layout)
+            reconstruct_all_triton(self.base, self.targets, seed, sigma, self.layout, scheme=self.scheme)
         else:
-            noise.reconstruct_reference(self.base, self.targets, seed, sigma, self.layout)
+            noise.reconstruct_reference(self.base, self.targets, seed, sigma, self.layout,
+                                        signs=schemes.signs_function(self.scheme))
         self.current = (seed, float(sigma))
 
     def _check_storage(self) -> None:
@@ -139,7 +148,7 @@ class Perturber(LaidOut):
 
     def describe(self) -> dict:
         """What is perturbed, for outputs' metadata."""
-        return {"backend": self.backend, "parameters": len(self.layout), "elements": self.numel,
+        return {"backend": self.backend, "scheme": self.scheme, "parameters": len(self.layout), "elements": self.numel,
                 "names_sha256": layout_names_sha256(self.layout)}
 
 

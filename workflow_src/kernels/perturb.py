@@ -59,9 +59,19 @@ def _state_step(h):
     return tl.add(tl.mul(h, 5, sanitize_overflow=False), 0xE6546B64, sanitize_overflow=False)
 
 
+def _fmix32(h):
+    """MurmurHash3's finalizer on uint32 words, wrapping (the flashopt scheme folds with it)."""
+    h = h ^ (h >> 16)
+    h = tl.mul(h, 0x85EBCA6B, sanitize_overflow=False)
+    h = h ^ (h >> 13)
+    h = tl.mul(h, 0xC2B2AE35, sanitize_overflow=False)
+    return h ^ (h >> 16)
+
+
 def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
                       IN_KIND: tl.constexpr, OUT_KIND: tl.constexpr, BLOCK: tl.constexpr,
-                      FROM_PTR: tl.constexpr = False, LITERAL: tl.constexpr = False, MASKED: tl.constexpr = True):
+                      FROM_PTR: tl.constexpr = False, LITERAL: tl.constexpr = False, MASKED: tl.constexpr = True,
+                      SCHEME: tl.constexpr = 0):
     # seed, sigma, FROM_PTR: as _seed_and_sigma_bits reads them.
     # LITERAL: hash every element's index word by word as the spec reads (the benchmark's comparison);
     # otherwise the same bits with the work that is constant across a block done once per program.
@@ -69,9 +79,22 @@ def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
     # runtime length keeps Triton from vectorizing the loads and stores, and one 2-byte access per element
     # halves the bandwidth). The multiplies and adds wrap on purpose (sanitize_overflow=False: TRITON_DEBUG
     # must not flag them).
+    # SCHEME: 0 ours (MurmurHash3_x86_32 of the index, sign from bit 31), 1 flashopt (fmix32 folded over the
+    # index words and the seed, sign from bit 0; noise/flashopt.py), always index by index.
     seed, sigma_bits = _seed_and_sigma_bits(seed, sigma, FROM_PTR)
     pid = tl.program_id(0)
-    if LITERAL:
+    if SCHEME == 1:
+        local = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+        if MASKED:
+            mask = local < n
+        else:
+            mask = None
+        idx = offset.to(tl.int64) + local
+        h = _fmix32(idx.to(tl.uint32))
+        h = _fmix32((idx >> 32).to(tl.uint32) ^ h)
+        h = _fmix32(seed.to(tl.uint32) ^ h)
+        flip = (h & 1) << 31
+    elif LITERAL:
         local = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
         if MASKED:
             mask = local < n
@@ -88,6 +111,7 @@ def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
         h = h ^ (h >> 13)
         h = tl.mul(h, 0xC2B2AE35, sanitize_overflow=False)
         h = h ^ (h >> 16)
+        flip = h & 0x80000000
     else:
         # The hash costs more integer instructions per element than the two memory accesses leave room
         # for, so everything a block shares is scalar: the pointers and the global index in int64, the
@@ -116,6 +140,7 @@ def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
         h = h ^ (h >> 13)
         h = tl.mul(h, 0xC2B2AE35, sanitize_overflow=False)
         # fmix32's last step (h ^= h >> 16) leaves bit 31, R's sign, as it is: skipped
+        flip = h & 0x80000000
 
     # fp32(base), exact
     if MASKED:
@@ -131,7 +156,7 @@ def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
         b = tl.load(base_ptr + local, mask=mask, other=fill)
     # R·σ is σ with its sign bit flipped where bit 31 of h is set: exact, so one IEEE fp32 add is the
     # spec's fp32(W0) + fp32(σ)·R (signed zeros included)
-    v = b + (sigma_bits ^ (h & 0x80000000)).to(tl.float32, bitcast=True)
+    v = b + (sigma_bits ^ flip).to(tl.float32, bitcast=True)
 
     if OUT_KIND == 0:
         tl.store(target_ptr + local, v, mask=mask)
@@ -269,7 +294,7 @@ def _kernel(interpret: bool, body: str = "element"):
         raise ImportError("the perturb kernel needs triton (requirements.txt pins it)")
     body = _BODIES[body]
     # seed, offset, n and σ take any value: no recompilation per value (Triton would specialize on 1 and 16 | x)
-    (kernel,) = jit_in_mode(interpret, (body,), helpers=(_key_mix, _state_step, _seed_and_sigma_bits, _words_block),
+    (kernel,) = jit_in_mode(interpret, (body,), helpers=(_key_mix, _state_step, _fmix32, _seed_and_sigma_bits, _words_block),
                             do_not_specialize=("n", "offset", "seed", "sigma"))
     return kernel
 
@@ -312,15 +337,21 @@ def _word_views(src: torch.Tensor, dst: torch.Tensor, start: int, count: int):
         return None
 
 
-def _launch(base, target, n, offset, seed, sigma, block, num_warps, interpret, from_ptr, variant):
+SCHEME_CODES = {"speedproof": 0, "flashopt": 1}
+
+
+def _launch(base, target, n, offset, seed, sigma, block, num_warps, interpret, from_ptr, variant, scheme):
     if variant not in VARIANTS:
         raise ValueError(f"perturb kernel variant {variant!r}; known: {VARIANTS}")
+    if scheme not in SCHEME_CODES:
+        raise ValueError(f"noise scheme {scheme!r}; known: {sorted(SCHEME_CODES)}")
     interpret = resolve_interpret(base, interpret)
     extra = {} if num_warps is None else {"num_warps": num_warps}
     src, dst = _bits_view(base).view(-1), _bits_view(target).view(-1)
     whole = n - n % block
     bf16 = base.dtype == target.dtype == torch.bfloat16
-    if variant == "words" and bf16 and whole and block % 2 == 0 and _word_views(src, dst, 0, whole) is not None:
+    words = variant == "words" and scheme == "speedproof"  # the word kernel hashes our scheme only
+    if words and bf16 and whole and block % 2 == 0 and _word_views(src, dst, 0, whole) is not None:
         kernel = _kernel(interpret, "words")
         cuts = [0]
         for b in _wrapping_blocks(offset, whole, block):  # launched alone, with the per-element select
@@ -340,23 +371,24 @@ def _launch(base, target, n, offset, seed, sigma, block, num_warps, interpret, f
             kernel[((count + block - 1) // block,)](
                 src[start:], dst[start:], count, offset + start, seed, sigma, IN_KIND=_KIND[base.dtype],
                 OUT_KIND=_KIND[target.dtype], BLOCK=block, FROM_PTR=from_ptr, LITERAL=variant == "literal",
-                MASKED=masked, **extra)
+                MASKED=masked, SCHEME=SCHEME_CODES[scheme], **extra)
 
 
 @torch.no_grad()
 def reconstruct_triton(base: torch.Tensor, target: torch.Tensor, seed: int, sigma: float, offset: int,
                        block: int = BLOCK, interpret: bool | None = None,
-                       num_warps: int | None = None, variant: str = DEFAULT_VARIANT) -> torch.Tensor:
+                       num_warps: int | None = None, variant: str = DEFAULT_VARIANT,
+                       scheme: str = "speedproof") -> torch.Tensor:
     """target ← round_to(target.dtype, fp32(base) + fp32(σ)·R(seed, offset + j)), in place, one pass.
 
     `interpret`: run the Triton interpreter (None: for CPU tensors, or when TRITON_INTERPRET=1).
-    `variant`: one of VARIANTS (same bits).
+    `variant`: one of VARIANTS (same bits). `scheme`: whose R (SCHEME_CODES; flashopt: noise/flashopt.py).
     """
     noise.check_seed(seed)
     n = _check_pair(base, target, offset)
     if n:
         sigma_bits = torch.tensor(noise.sigma_fp32(sigma), dtype=torch.float32).view(torch.int32).item() & noise.M32
-        _launch(base, target, n, offset, seed, sigma_bits, block, num_warps, interpret, False, variant)
+        _launch(base, target, n, offset, seed, sigma_bits, block, num_warps, interpret, False, variant, scheme)
     return target
 
 
@@ -364,7 +396,7 @@ def reconstruct_triton(base: torch.Tensor, target: torch.Tensor, seed: int, sigm
 def reconstruct_triton_from_device(base: torch.Tensor, target: torch.Tensor, seed_buf: torch.Tensor,
                                    sigma_buf: torch.Tensor, offset: int, block: int = BLOCK,
                                    interpret: bool | None = None, num_warps: int | None = None,
-                                   variant: str = DEFAULT_VARIANT) -> torch.Tensor:
+                                   variant: str = DEFAULT_VARIANT, scheme: str = "speedproof") -> torch.Tensor:
     """As reconstruct_triton, with the seed and fp32 σ read by the kernel from one-element tensors
     (int64 and float32, on the tensors' device): the launch can be captured in a CUDA graph once."""
     if seed_buf.dtype != torch.int64 or sigma_buf.dtype != torch.float32 or seed_buf.numel() != 1 \
@@ -372,7 +404,7 @@ def reconstruct_triton_from_device(base: torch.Tensor, target: torch.Tensor, see
         raise TypeError("seed_buf must be one int64, sigma_buf one float32")
     n = _check_pair(base, target, offset)
     if n:
-        _launch(base, target, n, offset, seed_buf, sigma_buf, block, num_warps, interpret, True, variant)
+        _launch(base, target, n, offset, seed_buf, sigma_buf, block, num_warps, interpret, True, variant, scheme)
     return target
 
 
@@ -435,7 +467,7 @@ class SwitchGraph:
     tensors (all of a bf16 model's, as a rule) take one GroupedWords launch, the rest a launch each."""
 
     def __init__(self, base: dict, target: dict, layout, block: int = BLOCK, num_warps: int | None = NUM_WARPS,
-                 variant: str = DEFAULT_VARIANT, grouped: bool = True):
+                 variant: str = DEFAULT_VARIANT, grouped: bool = True, scheme: str = "speedproof"):
         first = next(iter(target.values()))
         if first.device.type != "cuda":
             raise ValueError("SwitchGraph needs CUDA tensors")
@@ -446,7 +478,7 @@ class SwitchGraph:
                 raise ValueError(f"{name}: layout says {numel} elements")
         alone = list(layout)
         self.grouped = None
-        if grouped and variant == "words":
+        if grouped and variant == "words" and scheme == "speedproof":
             pairs = [(base[n], target[n], o) for n, o, _ in layout if groupable(base[n], target[n])]
             alone = [(n, o, c) for n, o, c in layout if not groupable(base[n], target[n])]
             if pairs:
@@ -457,7 +489,8 @@ class SwitchGraph:
                 self.grouped.launch(self.seed_buf, self.sigma_buf)
             for name, offset, _ in alone:
                 reconstruct_triton_from_device(base[name], target[name], self.seed_buf, self.sigma_buf, offset,
-                                               block=block, interpret=False, num_warps=num_warps, variant=variant)
+                                               block=block, interpret=False, num_warps=num_warps, variant=variant,
+                                               scheme=scheme)
 
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -483,13 +516,13 @@ def reconstruct_reference(base: torch.Tensor, target: torch.Tensor, seed: int, s
     return noise.reconstruct_tensor_reference(base, target, seed, sigma, offset)
 
 
-def reconstruct_all_triton(base, target, seed: int, sigma: float, layout) -> None:
+def reconstruct_all_triton(base, target, seed: int, sigma: float, layout, scheme: str = "speedproof") -> None:
     """Every laid-out target tensor ← base + σ·R(seed, ·) with the Triton kernel (cf. noise.reconstruct_reference)."""
     noise.check_seed(seed)
     for name, offset, numel in layout:
         if base[name].numel() != numel or target[name].numel() != numel:
             raise ValueError(f"{name}: layout says {numel} elements")
-        reconstruct_triton(base[name], target[name], seed, sigma, offset)
+        reconstruct_triton(base[name], target[name], seed, sigma, offset, scheme=scheme)
 
 
 def base_values(shape, dtype: torch.dtype, sigma: float, seed: int, device) -> torch.Tensor:
@@ -537,4 +570,19 @@ def cases(scale: str, device: str) -> list[Case]:
             return (target,), (want,)
         out.append(Case("perturb", {"shape": list(shape), "base": din, "target": dout, "offset": offset,
                                     "sigma": sigma, "seed": seed, "block": block}, run))
+    # The flashopt scheme (noise/flashopt.py): the element kernel with SCHEME=1 against the same reference
+    # with that scheme's signs.
+    from workflow_src.noise.flashopt import signs as flashopt_signs
+    for i, (shape, d, offset) in enumerate(itertools.product(shapes, DTYPES, (0, 2**32 - 100))):
+        seed, block = seeds[i % len(seeds)], blocks[i % len(blocks)]
+
+        def run(shape=shape, dtype=DTYPES[d], offset=offset, block=block, seed=seed):
+            base = base_values(shape, dtype, 2e-3, seed=offset % 1000 + len(shape), device=device)
+            target = torch.full(shape, 7.0, dtype=dtype, device=device)
+            want = torch.full(shape, -7.0, dtype=dtype, device=device)
+            reconstruct_triton(base, target, seed, 2e-3, offset, block=block, scheme="flashopt")
+            noise.reconstruct_tensor_reference(base, want, seed, 2e-3, offset, signs=flashopt_signs)
+            return (target,), (want,)
+        out.append(Case("perturb", {"shape": list(shape), "base": d, "target": d, "offset": offset, "sigma": 2e-3,
+                                    "seed": seed, "block": block, "scheme": "flashopt"}, run))
     return out

@@ -236,8 +236,9 @@ def layout(named_params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.
 
 @torch.no_grad()
 def reconstruct_tensor_reference(base: torch.Tensor, target: torch.Tensor, seed: int, sigma: float,
-                                 offset: int) -> torch.Tensor:
-    """target ← round_to(target.dtype, fp32(base) + fp32(σ)·R(seed, offset + j)), in place."""
+                                 offset: int, signs=signs) -> torch.Tensor:
+    """target ← round_to(target.dtype, fp32(base) + fp32(σ)·R(seed, offset + j)), in place; `signs` is the
+    scheme's R (this module's, or `noise.flashopt.signs`: both schemes add and round the same way)."""
     if base.shape != target.shape:
         raise ValueError(f"base {tuple(base.shape)} and target {tuple(target.shape)} differ in shape")
     if target.dtype not in _BITS or base.dtype not in _BITS:
@@ -258,14 +259,14 @@ def reconstruct_tensor_reference(base: torch.Tensor, target: torch.Tensor, seed:
 
 
 def reconstruct_reference(base: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor], seed: int,
-                          sigma: float, layout: list[tuple[str, int, int]]) -> None:
+                          sigma: float, layout: list[tuple[str, int, int]], signs=signs) -> None:
     """Every laid-out target tensor ← base + σ·R(seed, ·), in place, from the resident base copy."""
     check_seed(seed)
     for name, offset, numel in layout:
         if base[name].numel() != numel or target[name].numel() != numel:
             raise ValueError(f"{name}: layout says {numel} elements, base {base[name].numel()}, "
                              f"target {target[name].numel()}")
-        reconstruct_tensor_reference(base[name], target[name], seed, sigma, offset)
+        reconstruct_tensor_reference(base[name], target[name], seed, sigma, offset, signs)
 
 
 def population_seeds(base_seed: int, n: int) -> list[int]:

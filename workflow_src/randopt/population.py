@@ -1,13 +1,16 @@
 """The RandOpt population (docs/design.md §7): seeds, σ per seed, shards, and the evaluation of one shard.
 
-- **Seeds.** `population_seeds(randopt.seed, randopt.population)`; a seed's `position` is its index
-  in that list (0 … N−1), the key every later table joins on.
+- **Seeds.** The noise scheme's draw from `randopt.seed` (ours: `population_seeds(randopt.seed, N)`; flashopt:
+  the speedrun's `default_rng(seed).choice(2**31, N, replace=False)`), or the explicit `randopt.seeds`; a seed's
+  `position` is its index in that list (0 … N−1), the key every later table joins on.
 - **σ per seed** from the grid `randopt.sigmas` (G values), by `randopt.assignment`:
   - `blocks`: contiguous, equal blocks in seed order: position p gets σ index ⌊p·G/N⌋ (block sizes
     differ by at most one when G does not divide N; the larger blocks come first);
   - `random`: the same balanced multiset of σ indices, shuffled by `random.Random(
     "speedproof.randopt.sigma/<seed>")` (Python's string seeding hashes the string with SHA-512,
-    so the order is stable across runs, platforms and PYTHONHASHSEED).
+    so the order is stable across runs, platforms and PYTHONHASHSEED);
+  - `flashopt`: each seed's σ drawn uniformly from the grid by the speedrun's generator after its seeds;
+  - explicit `randopt.seed_sigmas` beside explicit seeds: those.
   Because the seeds do not depend on N, growing N keeps the seeds of earlier positions (not their σ
   under `blocks`, whose boundaries scale with N).
 - **Shards are strided**: shard i of S takes positions i, i+S, i+2S, … . Strided rather than
@@ -39,7 +42,7 @@ from typing import Any
 
 import pandas as pd
 
-from workflow_src.noise.speedproof import population_seeds
+from workflow_src.noise import schemes
 
 SHARD_COLUMNS = {"position": "int64", "seed": "int64", "sigma": "float64", "sigma_index": "int64",
                  "train_reward": "float64", "train_correct": "int64", "train_prompts": "int64",
@@ -64,8 +67,14 @@ def sigma_indices(n: int, n_sigmas: int, assignment: str, seed: int) -> list[int
 def population_table(spec: dict[str, Any]) -> pd.DataFrame:
     """position, seed, sigma, sigma_index of the whole population (spec: RandOptSettings.population_spec())."""
     n, sigmas = spec["population"], [float(s) for s in spec["sigmas"]]
-    seeds = population_seeds(spec["seed"], n)
-    idx = sigma_indices(n, len(sigmas), spec["assignment"], spec["seed"])
+    if spec["seeds"] is not None:
+        seeds, drawn = list(spec["seeds"]), spec["seed_sigmas"]
+    else:
+        seeds, drawn = schemes.population(spec["scheme"], spec["seed"], n, sigmas)
+    if spec["assignment"] == "flashopt" or (spec["seeds"] is not None and drawn is not None):
+        idx = [sigmas.index(float(x)) for x in drawn]
+    else:
+        idx = sigma_indices(n, len(sigmas), spec["assignment"], spec["seed"])
     return pd.DataFrame({"position": pd.Series(range(n), dtype="int64"),
                          "seed": pd.Series(seeds, dtype="int64"),
                          "sigma": pd.Series([sigmas[i] for i in idx], dtype="float64"),

@@ -169,9 +169,11 @@ def build_record(experiment: str, base: Mapping[str, Any], population: pd.DataFr
                  vote: Mapping[str, Any], prov: Mapping[str, Any], bpb: Mapping[str, Any] | None = None,
                  probes: pd.DataFrame | None = None, environment: Mapping[str, Any] | None = None,
                  checkpoint_manifest: Mapping[str, Any] | None = None, sampling_phase: str = "sampling",
-                 date: str | None = None, throughputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                 date: str | None = None, throughputs: Mapping[str, Any] | None = None,
+                 population_spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """record.json (without input hashes) from the run's artifacts. `throughputs` ({stage: throughput})
-    defaults to base.json's and bpb.json's; `main` adds the parquet artifacts' metadata."""
+    defaults to base.json's and bpb.json's; `main` adds the parquet artifacts' metadata, and the population's
+    spec (its noise scheme, σ assignment, explicit seeds) from population.parquet's."""
     warnings: list[str] = []
     ranked = rank_population(population)
     n = len(ranked)
@@ -240,6 +242,9 @@ def build_record(experiment: str, base: Mapping[str, Any], population: pd.DataFr
         "environment_sha256": prov.get("environment_sha256"),
         "population": {
             "size": n, "sigmas": sigmas, "seeds_per_sigma": {f"{r['sigma']!r}": r["n"] for r in stats["sigmas"]},
+            "noise_scheme": (population_spec or {}).get("scheme"),
+            "assignment": (population_spec or {}).get("assignment"),
+            "explicit_seeds": (population_spec or {}).get("seeds") is not None,
             "best_sigma": stats["best_sigma"]["sigma"], "best_seed": stats["best_seed"],
             "base_train_reward": stats["base_train_reward"],
             "share_above_base": stats["population"]["share_above_base"],
@@ -476,7 +481,8 @@ def main(argv: list[str] | None = None) -> None:
             probes=read_table(args.probes, PROBE_COLUMNS) if args.probes else None, throughputs=throughputs,
             environment=read_json(args.environment) if args.environment else None,
             checkpoint_manifest=read_json(args.checkpoint_manifest) if args.checkpoint_manifest else None,
-            sampling_phase=args.sampling_phase)
+            sampling_phase=args.sampling_phase,
+            population_spec=(parquet_meta(args.population) or {}).get("population_spec"))
     except (ArtifactError, KeyError, ValueError) as e:
         print(f"randopt record: refused: {type(e).__name__}: {e}", file=sys.stderr)
         raise SystemExit(1) from None

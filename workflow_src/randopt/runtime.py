@@ -205,7 +205,7 @@ def load_runtime(cfg: Config, engine: bool = True, perturber: bool = True, progr
         if perturber:
             from workflow_src.engine.perturber import Perturber
             p = s.perturb
-            rt.perturber = Perturber(model, p["include"], p["exclude"], p["backend"])
+            rt.perturber = Perturber(model, p["include"], p["exclude"], p["backend"], scheme=s.noise["scheme"])
             if rt.engine is not None and s.engine == "vllm":
                 from workflow_src.engine.vllm_engine import PairedPerturber
                 rt.perturber = PairedPerturber(rt.perturber, rt.engine.perturber(p["include"], p["exclude"]))

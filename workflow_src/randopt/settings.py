@@ -13,12 +13,39 @@ from workflow_src.config_schema import ConfigError, resolve
 from workflow_src.provenance.hashing import sha256_json
 
 # The keys that decide the population's rows (seeds, σ, rewards, tokens); see population_sha256.
-POPULATION_KEYS = ("seed", "population", "sigmas", "assignment", "train_prompts", "max_new_tokens", "batch_size",
-                   "engine", "device", "dtype", "threads", "perturb")
+POPULATION_KEYS = ("seed", "population", "sigmas", "assignment", "noise", "seeds", "seed_sigmas", "train_prompts",
+                   "max_new_tokens", "batch_size", "engine", "device", "dtype", "threads", "perturb")
 
 
 class SettingsError(ConfigError):
     """A randopt key has a bad value; the message names it."""
+
+
+def population_problems(randopt: dict[str, Any]) -> list[str]:
+    """What the schema cannot say about the seeds, their σ and the noise scheme (config_checks runs it too)."""
+    problems = []
+    scheme, seeds, seed_sigmas = randopt["noise"]["scheme"], randopt["seeds"], randopt["seed_sigmas"]
+    if seeds is not None and len(seeds) != randopt["population"]:
+        problems.append(f"randopt.seeds: {len(seeds)} seeds, but randopt.population is {randopt['population']}")
+    if seed_sigmas is not None:
+        if seeds is None:
+            problems.append("randopt.seed_sigmas: given without randopt.seeds")
+        elif len(seed_sigmas) != len(seeds):
+            problems.append(f"randopt.seed_sigmas: {len(seed_sigmas)} values for {len(seeds)} seeds")
+        off_grid = sorted({float(x) for x in seed_sigmas} - {float(x) for x in randopt["sigmas"]})
+        if off_grid:
+            problems.append(f"randopt.seed_sigmas: {off_grid} not in randopt.sigmas")
+    if randopt["assignment"] == "flashopt" and (scheme != "flashopt" or seeds is not None):
+        problems.append("randopt.assignment: flashopt draws σ with the speedrun's seeds: it needs "
+                        "randopt.noise.scheme flashopt and no randopt.seeds")
+    if scheme == "flashopt":
+        if randopt["perturb"]["include"] != ["*"] or randopt["perturb"]["exclude"]:
+            problems.append("randopt.noise.scheme: flashopt perturbs every parameter (its offsets run over all of "
+                            "them): randopt.perturb.include must be ['*'] and perturb.exclude empty")
+        if randopt["engine"] == "vllm":
+            problems.append("randopt.noise.scheme: flashopt is not implemented in the vllm engine's workers; use "
+                            "engine hf or static")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -34,6 +61,9 @@ class RandOptSettings:
         s["sigmas"] = [float(x) for x in s["sigmas"]]
         if not s["ks"] and not s["k_ratios"]:
             raise SettingsError(["randopt: ks and k_ratios are both empty; the K sweep needs at least one K"])
+        problems = population_problems(s)
+        if problems:
+            raise SettingsError(problems)
         if s["engine"] == "vllm" and s["test_batch_size"] not in (None, s["batch_size"]):
             raise SettingsError([f"randopt.test_batch_size: {s['test_batch_size']}; the vllm engine fixes its batch "
                                  f"when it loads, so it must be null or equal batch_size ({s['batch_size']})"])
@@ -60,4 +90,5 @@ class RandOptSettings:
     def population_spec(self) -> dict[str, Any]:
         """What decides the seeds and σ of every position."""
         return {"seed": self.raw["seed"], "population": self.raw["population"], "sigmas": self.raw["sigmas"],
-                "assignment": self.raw["assignment"]}
+                "assignment": self.raw["assignment"], "scheme": self.raw["noise"]["scheme"],
+                "seeds": self.raw["seeds"], "seed_sigmas": self.raw["seed_sigmas"]}
