@@ -66,6 +66,7 @@ rule randopt_gather:
         shards=gather.randopt_population("results/randopt/{{exp}}/shards/{scatteritem}.parquet"),
         randopt=section_file("randopt"),
         task=section_file(f"task.{RANDOPT_TASK}"),
+        prompt_format=section_file("task.prompt_format"),
         environment="results/env/environment.json",
     output:
         "results/randopt/{exp}/population.parquet",
@@ -75,7 +76,8 @@ rule randopt_gather:
         "../envs/speedproof.yaml"
     shell:
         "python -m workflow_src.randopt.gather {input.shards} --randopt-section {input.randopt}"
-        " --task-section {input.task} --environment {input.environment} --out {output} 2> {log}"
+        " --task-section {input.task} --prompt-format-section {input.prompt_format} --environment {input.environment}"
+        " --out {output} 2> {log}"
 
 
 rule randopt_topk_answers:

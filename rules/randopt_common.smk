@@ -9,13 +9,14 @@ def randopt_config():
 
 
 def randopt_sections():
-    return [section_file("randopt"), section_file(f"task.{RANDOPT_TASK}")]
+    return [section_file("randopt"), section_file(f"task.{RANDOPT_TASK}"), section_file("task.prompt_format")]
 
 
 def randopt_model_inputs(extra=None):
     """Inputs of every job that loads the model: checkpoint, the sections it reads, the environment."""
     inputs = {"checkpoint": f"results/checkpoints/{MODEL}", "randopt": section_file("randopt"),
-              "task": section_file(f"task.{RANDOPT_TASK}"), "environment": "results/env/environment.json"}
+              "task": section_file(f"task.{RANDOPT_TASK}"), "prompt_format": section_file("task.prompt_format"),
+              "environment": "results/env/environment.json"}
     inputs.update(extra or {})
     return inputs
 
@@ -37,7 +38,7 @@ def _randopt_python():
 
 RANDOPT_PYTHON = _randopt_python()
 RANDOPT_MODEL_ARGS = ("--checkpoint {input.checkpoint} --randopt-section {input.randopt} --task-section {input.task}"
-                      " --environment {input.environment}")
+                      " --prompt-format-section {input.prompt_format} --environment {input.environment}")
 RANDOPT_PROVENANCE = ("--environment {input.environment} --config-sections {input.randopt} {input.task}"
                       f" --checkpoint-manifest results/checkpoints/{MODEL}/MANIFEST.json")
 

@@ -96,7 +96,7 @@ def test_the_randopt_runtime_refuses_a_corrupted_checkpoint(rl_subject_checkpoin
     (copy / "generation_config.json").unlink(missing_ok=True)
     (copy / "extra.txt").write_text("not in the manifest")
     cfg = Config(RandOptSettings.from_dict({}), "synthetic_arithmetic", {}, [], None, str(copy / "MANIFEST.json"),
-                 copy)
+                 copy, "auto")
     with pytest.raises(CheckpointError, match="extra.txt: not in MANIFEST.json"):
         load_runtime(cfg)
 

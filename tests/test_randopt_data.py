@@ -345,7 +345,8 @@ def test_record_fields_come_from_the_artifacts(run):
         (int(r.seed), float(r.sigma)) for r in rank_population(pop).iloc[:4].itertuples()]
     assert rec["hardware"]["summary"] == "2×NVIDIA H200" and rec["model"]["name"] == "tiny-arith"
     assert rec["generation"] == {"engine": "static", "attention": base["model_info"]["attention"],
-                                 "versions": base["model_info"]["versions"]}
+                                 "versions": base["model_info"]["versions"],
+                                 "prompt_format": base["model_info"].get("prompt_format")}
     assert rec["model"]["checkpoint_manifest_sha256"] == rec["provenance"]["checkpoint_manifest_sha256"]
     assert rec["provenance"]["environment_sha256"] == "e" * 64
     if rec["accuracy"]["headline"]["within_noise"]:

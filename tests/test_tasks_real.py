@@ -588,3 +588,21 @@ def test_heldout_fineweb_needs_a_revision_and_reports_offline(tmp_path, monkeypa
     with pytest.raises(heldout_text.HeldoutTextError, match=r"heldout_text\.fineweb_edu\.data_files"):
         heldout_text.build({"source": "fineweb_edu", "fineweb_edu": {"revision": REV}}, None, tmp_path / "b")
     assert not (tmp_path / "b").exists()
+
+
+def test_prompt_format_chat_plain_and_auto():
+    from workflow_src.checkpoints.tokenizer import build_tokenizer
+    from workflow_src.tasks.prompt_format import format_prompts, resolved_format
+
+    plain = build_tokenizer("0123456789+-=; #\n", model_max_length=64)  # the synthetic checkpoints' kind
+    assert resolved_format(plain, "auto") == "plain" and format_prompts(plain, ["1+2\n"], "plain") == ["1+2\n"]
+    with pytest.raises(ValueError, match="no chat template"):
+        resolved_format(plain, "chat")
+    with pytest.raises(ValueError, match="prompt_format"):
+        resolved_format(plain, "fancy")
+    chat = build_tokenizer("0123456789+-=; #\n", model_max_length=64)
+    chat.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    assert resolved_format(chat, "auto") == "chat" and resolved_format(chat, "plain") == "plain"
+    [text] = format_prompts(chat, ["What is 2+3?"], "chat")
+    assert text == "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n"

@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--randopt-section")
     parser.add_argument("--task-section")
+    parser.add_argument("--prompt-format-section")
     parser.add_argument("--environment")
     parser.add_argument("--checkpoint-manifest")
     args = parser.parse_args(argv)

@@ -104,7 +104,7 @@ ANSWER_COLUMNS = {"index": "int64", "problem_id": "str", "extracted": "str|null"
 def evaluate_seeds(rt, task, problems: list, rows: pd.DataFrame, max_new_tokens: int,
                    phase: str = "sampling", on_seed=None) -> list[dict[str, Any]]:
     """Apply each (seed, σ) of `rows`, generate `problems`' prompts, grade; the base is restored at the end."""
-    prompts = [p.prompt for p in problems]
+    prompts = rt.prompts(problems)
     meter, out = rt.meter, []
     try:
         for r in rows.itertuples(index=False):

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
                        disable=args.no_progress)
     rt = runtime.load_runtime(cfg, progress=bar)
     chunks = bpb_mod.make_chunks(rt.tokenizer, texts, bpb_mod.context_length(rt.model), s.bpb["chunk_tokens"])
-    rows, prompts = [], [p.prompt for p in test]
+    rows, prompts = [], rt.prompts(test)
     try:
         for r in top.itertuples(index=False):
             with rt.meter.phase("perturb"):

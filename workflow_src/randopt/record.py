@@ -237,7 +237,8 @@ def build_record(experiment: str, base: Mapping[str, Any], population: pd.DataFr
                   "checkpoint_source": (checkpoint_manifest or {}).get("source"),
                   "checkpoint_files_sha256": (checkpoint_manifest or {}).get("files_sha256")},
         "task": base.get("task") or vote.get("task"),
-        "generation": {k: (base.get("model_info") or {}).get(k) for k in ("engine", "attention", "versions")},
+        "generation": {k: (base.get("model_info") or {}).get(k)
+                       for k in ("engine", "attention", "versions", "prompt_format")},
         "hardware": hardware(environment),
         "environment_sha256": prov.get("environment_sha256"),
         "population": {

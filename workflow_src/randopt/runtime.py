@@ -26,6 +26,7 @@ from workflow_src.provenance.atomic import atomic_write_bytes
 from workflow_src.provenance.hashing import sha256_file, sha256_json
 from workflow_src.provenance.stamp import load_config_section, provenance
 from workflow_src.randopt.settings import RandOptSettings, SettingsError
+from workflow_src.tasks.prompt_format import FORMATS, format_prompts, resolved_format
 
 META_KEY = b"speedproof"
 MANIFEST_NAME = "MANIFEST.json"
@@ -38,6 +39,8 @@ def add_common_args(parser: argparse.ArgumentParser, model: bool = True) -> None
         parser.add_argument("--checkpoint", type=Path, required=True, help="checkpoint directory (results/checkpoints/NAME)")
     parser.add_argument("--randopt-section", required=True, help="results/config/randopt.json")
     parser.add_argument("--task-section", required=True, help="results/config/task.<name>.json")
+    parser.add_argument("--prompt-format-section",
+                        help="results/config/task.prompt_format.json (absent: the schema's default, auto)")
     parser.add_argument("--environment", help="results/env/environment.json (its env_hash goes into provenance)")
     parser.add_argument("--checkpoint-manifest", help="the checkpoint's MANIFEST.json (default: CHECKPOINT/MANIFEST.json "
                                                   "when it exists)")
@@ -53,12 +56,13 @@ class Config:
     environment: str | None
     manifest: str | None
     checkpoint: Path | None
+    prompt_format: str  # as configured: auto, chat or plain (Runtime.prompt_format: as resolved)
 
     def identity(self) -> dict[str, Any]:
         """What decides every number of a population (settings.POPULATION_KEYS, task, checkpoint): the
         shards, the population and every table computed from it must agree on it."""
         return {"population_sha256": self.settings.population_sha256, "task": self.task_name,
-                "task_sha256": sha256_json(self.task_spec),
+                "task_sha256": sha256_json(self.task_spec), "prompt_format": self.prompt_format,
                 "checkpoint_manifest_sha256": sha256_file(self.manifest) if self.manifest else None}
 
     def provenance(self) -> dict[str, Any]:
@@ -91,7 +95,15 @@ def load_config(args: argparse.Namespace) -> Config:
     manifest = args.checkpoint_manifest
     if manifest is None and checkpoint is not None and (Path(checkpoint) / MANIFEST_NAME).is_file():
         manifest = str(Path(checkpoint) / MANIFEST_NAME)
-    return Config(settings, name, spec, [args.randopt_section, args.task_section], args.environment, manifest, checkpoint)
+    sections = [args.randopt_section, args.task_section]
+    if args.prompt_format_section:
+        prompt_format = load_config_section(args.prompt_format_section)["value"]
+        sections.append(args.prompt_format_section)
+    else:
+        prompt_format = resolve("task")["prompt_format"]
+    if prompt_format not in FORMATS:
+        raise SettingsError(f"task.prompt_format: {prompt_format!r}; one of {', '.join(FORMATS)}")
+    return Config(settings, name, spec, sections, args.environment, manifest, checkpoint, prompt_format)
 
 
 @contextlib.contextmanager
@@ -154,6 +166,11 @@ class Runtime:
     meter: Any
     engine: Any = None
     perturber: Any = None
+    prompt_format: str = "plain"  # resolved for this tokenizer (tasks/prompt_format.py)
+
+    def prompts(self, problems) -> list[str]:
+        """The problems' prompts as the engines see them (task.prompt_format)."""
+        return format_prompts(self.tokenizer, [p.prompt for p in problems], self.prompt_format)
 
     def model_info(self) -> dict[str, Any]:
         import torch
@@ -169,7 +186,7 @@ class Runtime:
                 "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
                 "parameters": sum(p.numel() for p in self.model.parameters()),
                 "engine": self.cfg.settings.engine, "attention": attention_backend(self.engine),
-                "versions": versions, "threads": torch.get_num_threads()}
+                "versions": versions, "threads": torch.get_num_threads(), "prompt_format": self.prompt_format}
         if self.perturber is not None:
             info["perturbed"] = self.perturber.describe()
         return info
@@ -194,6 +211,10 @@ def load_runtime(cfg: Config, engine: bool = True, perturber: bool = True, progr
         model = AutoModelForCausalLM.from_pretrained(cfg.checkpoint, dtype=dtype, attn_implementation="sdpa")
         model = model.to(device).eval().requires_grad_(False)
         rt = Runtime(cfg, model, tokenizer, device, meter)
+        try:
+            rt.prompt_format = resolved_format(tokenizer, cfg.prompt_format)
+        except ValueError as e:
+            raise SettingsError(str(e)) from None
         if engine:
             vllm_options = {}
             if s.engine == "vllm":  # vLLM loads the checkpoint itself, in the model's dtype, beside the model

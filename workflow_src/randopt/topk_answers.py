@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     bar = progress_bar(total=k * len(test), desc=f"top-{k} test answers", unit="prompt", disable=args.no_progress)
     rt = runtime.load_runtime(cfg, progress=bar)
     rows = []
-    prompts = [p.prompt for p in test]
+    prompts = rt.prompts(test)
     try:
         for r in top.itertuples(index=False):
             with rt.meter.phase("perturb"):
