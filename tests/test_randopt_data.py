@@ -189,6 +189,10 @@ THROUGHPUT = {
     "topk": {"load": _phase(0.5, 0, 0, 0), "ensemble": _phase(1.0, 48, 480, 720)},
     "bpb": {"bpb": _phase(0.75, 2, 22, 2)},
 }
+# Each job's wall-clock span (epoch seconds), and the population's sampling loop inside its job.
+CLOCKS = {"base": {"start": 1000.0, "end": 1003.0}, "population": {"start": 1003.5, "end": 1010.0},
+          "population_loop": {"start": 1004.0, "end": 1009.0}, "topk": {"start": 1010.0, "end": 1012.0},
+          "bpb": {"start": 1012.0, "end": 1013.0}}
 
 
 def _wrong(answer: str) -> str:
@@ -201,7 +205,8 @@ def _experiment(tmp: Path, base_right: int = 5, name: str = "exp") -> dict[str, 
     d.mkdir(parents=True, exist_ok=True)
     test = get_task("synthetic_arithmetic").load(SPEC)["test"]
     pop = _population([0.001] * 4 + [0.002] * 4, [0.5, 0.75, 0.625, 0.75, 0.375, 0.875, 0.5, 0.625])
-    _to_parquet(pop, d / "population.parquet", {"throughput": THROUGHPUT["population"]})
+    _to_parquet(pop, d / "population.parquet", {"throughput": THROUGHPUT["population"], "clock": CLOCKS["population"],
+                                                "loop_clock": CLOCKS["population_loop"]})
     ranked = rank_population(pop)
     # per problem, the answers of ranks 0..3 (g right, w wrong): 11 nobody answered; 10 and 9 are 2-2 ties
     # (rank 0 wrong / right); 8 rank 0 outvoted; odd < 8 a majority right; even < 8 a majority wrong
@@ -216,7 +221,7 @@ def _experiment(tmp: Path, base_right: int = 5, name: str = "exp") -> dict[str, 
                          "train_reward": float(s.train_reward), "index": i, "problem_id": p.id, "extracted": a,
                          "correct": int(a is not None and a == g)})
     _to_parquet(pd.DataFrame(rows).astype({"correct": "int8", "extracted": "object"}), d / "topk_test.parquet",
-                {"throughput": THROUGHPUT["topk"]})
+                {"throughput": THROUGHPUT["topk"], "clock": CLOCKS["topk"]})
     base_ans = [p.answer if i < base_right else _wrong(p.answer) for i, p in enumerate(test)]
     base_ans[1] = None
     base_df = pd.DataFrame({"index": np.arange(len(test), dtype=np.int64), "problem_id": [p.id for p in test],
@@ -227,7 +232,7 @@ def _experiment(tmp: Path, base_right: int = 5, name: str = "exp") -> dict[str, 
     base = {"model": "tiny-arith", "task": "synthetic_arithmetic",
             "train": {"reward_mean": 0.6, "correct": 5, "prompts": 8},
             "test": {"accuracy": acc, "correct": int(base_df["correct"].sum()), "prompts": len(test)},
-            "throughput": THROUGHPUT["base"], "provenance": {},
+            "throughput": THROUGHPUT["base"], "clock": CLOCKS["base"], "provenance": {},
             "model_info": {"engine": "static", "attention": {"backend": "sdpa", "flash_attn_importable": False},
                            "versions": {"torch": "2.13.0+cpu", "transformers": "5.19.0"}}}
     (d / "base.json").write_text(json.dumps(base))
@@ -237,7 +242,7 @@ def _experiment(tmp: Path, base_right: int = 5, name: str = "exp") -> dict[str, 
     (d / "bpb.json").write_text(json.dumps({"base": {"bpb": 1.25, "nats": 10.0, "bytes": 11.5, "tokens": 11,
                                                      "chunks": 2},
                                             "ensemble": {"k": 4, "seeds": [1005, 1001, 1003, 1002], "bpb": 1.2},
-                                            "throughput": THROUGHPUT["bpb"]}))
+                                            "throughput": THROUGHPUT["bpb"], "clock": CLOCKS["bpb"]}))
     env = {"env_hash": "e" * 64, "gpu": {"count": 2, "models": ["NVIDIA H200", "NVIDIA H200"], "driver": "570"},
            "cpu": {"model": "AMD EPYC", "logical_cores": 32}, "usable_cores": 32, "memory_bytes": 2**30,
            "hostname": "h", "torch": {"version": "2.9.1"}, "pins_ok": True, "pins": []}
@@ -327,14 +332,19 @@ def test_record_fields_come_from_the_artifacts(run):
     v = json.loads(run["vote"].read_text())
     assert rec["population"]["size"] == len(pop) and rec["population"]["sigmas"] == [0.001, 0.002]
     assert rec["population"]["best_sigma"] == json.loads(run["stats"].read_text())["best_sigma"]["sigma"]
-    # throughput from every artifact's phases: seeds/s over the population's sampling phase, rates overall
-    assert rec["seeds_per_s"] == pytest.approx(len(pop) / THROUGHPUT["population"]["sampling"]["seconds"])
+    # the speedrun's clock: seeds over the sampling loop's wall clock (5 s); tokens and prompts of the base
+    # evaluation, the loop and the ensemble evaluation over 2 + 5 + 1 s; total = first start to last end
+    assert rec["seeds_per_s"] == pytest.approx(len(pop) / 5.0)
+    assert rec["gen_tokens_per_s"] == pytest.approx((300 + 960 + 720) / 8.0)
+    assert rec["prompts_per_s"] == pytest.approx((20 + 64 + 48) / 8.0)
+    assert rec["total_seconds"] == pytest.approx(13.0)
+    assert not any("wall clock" in w for w in rec["warnings"])
     phases = [p for stage in THROUGHPUT.values() for p in stage.values()]
-    seconds = sum(p["seconds"] for p in phases)
-    assert rec["gen_tokens_per_s"] == pytest.approx(sum(p["generated_tokens"] for p in phases) / seconds)
-    assert rec["prompts_per_s"] == pytest.approx(sum(p["prompts"] for p in phases) / seconds)
-    assert rec["total_seconds"] == pytest.approx(seconds)
     tp = rec["throughput"]
+    assert tp["speedrun"]["sampling_loop_phase_seconds"] == {"switch": 0.25, "generate": 4.0, "grade": None}
+    # the summed device-seconds stay beside it
+    assert tp["seeds_per_s"] == pytest.approx(len(pop) / THROUGHPUT["population"]["sampling"]["seconds"])
+    assert tp["total_seconds"] == pytest.approx(sum(p["seconds"] for p in phases))
     assert tp["phases"]["load"]["seconds"] == pytest.approx(1.0)  # base + topk
     assert tp["phases"]["base_test"]["prompts_per_s"] == pytest.approx(20 / 2.0)
     assert rec["timings"]["population.sampling"] == 4.0 and len(rec["timings"]) == len(phases)
@@ -443,3 +453,14 @@ def test_bootstrap_ci_agrees_with_scipys_percentile_bootstrap():
     theirs = (res.confidence_interval.low, res.confidence_interval.high)
     assert ours == pytest.approx(theirs, abs=1.5 / n)
     assert ours[0] > 0  # and the planted effect shows
+
+
+def test_parallel_shards_count_their_wall_clock_once():
+    from workflow_src.randopt.gather import clock_union
+    loops = [{"start": 10.0, "end": 20.0}, {"start": 11.0, "end": 21.0}]  # two shards side by side
+    assert clock_union(loops) == {"start": 10.0, "end": 21.0} and clock_union(loops + [None]) is None
+    sources = {"population": THROUGHPUT["population"], "base": THROUGHPUT["base"], "topk": THROUGHPUT["topk"]}
+    sp = record.speedrun_clock(sources, {"population_loop": clock_union(loops), **{k: CLOCKS[k] for k in ("base", "topk")}},
+                               22)
+    assert sp["seeds_per_s"] == pytest.approx(22 / 11.0)  # not 22 / 20 device-seconds
+    assert record.speedrun_clock(sources, {}, 22)["seeds_per_s"] is None

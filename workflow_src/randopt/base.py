@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> None:
         "train": {"reward_mean": sum(train_grades) / len(train_grades),
                   "correct": int(sum(g == 1.0 for g in train_grades)), "prompts": len(train)},
         "test": {"accuracy": test_correct / len(test), "correct": int(test_correct), "prompts": len(test)},
-        "throughput": rt.meter.to_dict(), "identity": cfg.identity(), "model_info": rt.model_info(),
+        "throughput": rt.meter.to_dict(), "clock": rt.clock(), "identity": cfg.identity(),
+        "model_info": rt.model_info(),
         "provenance": cfg.provenance(),
     }
     meta = {"format": BASE_TEST_FORMAT, "identity": cfg.identity(), "throughput": rt.meter.to_dict(),

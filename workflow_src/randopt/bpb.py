@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
                      "sigmas": [float(x) for x in top["sigma"]],
                      **{key: ens[key] for key in ("bpb", "nats", "bytes", "tokens", "chunks")}},
         "identity": cfg.identity(), "model_info": rt.model_info(),
-        "throughput": rt.meter.to_dict(), "provenance": cfg.provenance(),
+        "throughput": rt.meter.to_dict(), "clock": rt.clock(), "provenance": cfg.provenance(),
     }
     atomic_write_json(args.out, doc)
     print(f"randopt bpb: base {base['bpb']:.5f}, ensemble K={k} {ens['bpb']:.5f} "

@@ -37,6 +37,14 @@ class GatherError(ValueError):
     pass
 
 
+
+def clock_union(clocks) -> dict[str, float] | None:
+    """The wall-clock span of jobs that may have run in parallel: the earliest start to the latest end (None when
+    one of them has no clock)."""
+    if not clocks or any(c is None for c in clocks):
+        return None
+    return {"start": min(c["start"] for c in clocks), "end": max(c["end"] for c in clocks)}
+
 def gather(paths: list[str | Path], identity: dict[str, Any] | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
     """(population table, metadata) from shard files; GatherError names the first problem found."""
     if not paths:
@@ -89,6 +97,8 @@ def gather(paths: list[str | Path], identity: dict[str, Any] | None = None) -> t
             "shards": shards, "seeds": len(df), "model": first.get("model"),
             "throughput": merge_throughput([m["throughput"] for m in metas]),
             "shard_throughput": {str(m["shard"]): m["throughput"] for m in sorted(metas, key=lambda m: m["shard"])},
+            "clock": clock_union([m.get("clock") for m in metas]),
+            "loop_clock": clock_union([m.get("loop_clock") for m in metas]),
             "shard_provenance": {str(m["shard"]): m["provenance"] for m in sorted(metas, key=lambda m: m["shard"])}}
     return df, meta
 

@@ -114,7 +114,8 @@ def evaluate_seeds(rt, task, problems: list, rows: pd.DataFrame, max_new_tokens:
                 rt.perturber.apply(int(r.seed), float(r.sigma))
             with meter.phase(phase):
                 completions = rt.engine.generate(prompts, max_new_tokens)
-            grades = grade_completions(task, completions, problems)
+            with meter.phase("grade"):
+                grades = grade_completions(task, completions, problems)
             seconds = meter.now() - t0
             d = meter.totals(phase).minus(before)
             row = {"position": int(r.position), "seed": int(r.seed), "sigma": float(r.sigma),
@@ -162,15 +163,18 @@ def main(argv: list[str] | None = None) -> None:
         bar.set_postfix(position=row["position"], sigma=row["sigma"], reward=f"{row['train_reward']:.3f}")
 
     try:
+        loop_start = rt.clock()["end"]
         with rt.meter.phase("shard"):
             rows = evaluate_seeds(rt, task, train, table.iloc[positions], s.max_new_tokens, on_seed=on_seed)
+        loop_clock = {"start": loop_start, "end": rt.clock()["end"]}
     finally:
         bar.close()
     df = pd.DataFrame(rows, columns=[c for c in SHARD_COLUMNS if c != "shard"])
     df["shard"] = args.shard
     meta = {"format": SHARD_FORMAT, "identity": cfg.identity(), "population_spec": s.population_spec(),
             "shard": args.shard, "shards": shards, "positions": positions, "seeds": len(positions),
-            "model": rt.model_info(), "throughput": rt.meter.to_dict(), "provenance": cfg.provenance()}
+            "model": rt.model_info(), "throughput": rt.meter.to_dict(), "clock": rt.clock(),
+            "loop_clock": loop_clock, "provenance": cfg.provenance()}
     runtime.write_parquet(args.out, df, meta, SHARD_COLUMNS)
     sampling = rt.meter.totals("sampling")
     print(f"randopt shard {args.shard}/{shards}: {len(df)} seeds, mean train reward "

@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     meta = {"format": PROBES_FORMAT, "identity": cfg.identity(), "top": len(top), "test_prompts": len(test),
             "heldout": {"texts": chunks.texts, "bytes": chunks.bytes, "tokens": chunks.tokens,
                         "chunks": len(chunks.ids)},
-            "model": rt.model_info(), "throughput": rt.meter.to_dict(), "provenance": cfg.provenance()}
+            "model": rt.model_info(), "throughput": rt.meter.to_dict(), "clock": rt.clock(),
+            "provenance": cfg.provenance()}
     runtime.write_parquet(args.out, df, meta, PROBE_COLUMNS)
     print(f"randopt probes: {len(df)} seeds probed", file=sys.stderr)
 

@@ -14,6 +14,7 @@ import io
 import json
 import math
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,6 +168,13 @@ class Runtime:
     engine: Any = None
     perturber: Any = None
     prompt_format: str = "plain"  # resolved for this tokenizer (tasks/prompt_format.py)
+    started_at: float = 0.0  # wall clock (epoch seconds) when the job began to load
+
+    def clock(self) -> dict[str, float]:
+        """The job's wall-clock span (epoch seconds, the device synchronized): the record's clock is the union
+        of its jobs' spans, so jobs that ran in parallel count once."""
+        self.meter.now()
+        return {"start": self.started_at, "end": time.time()}
 
     def prompts(self, problems) -> list[str]:
         """The problems' prompts as the engines see them (task.prompt_format)."""
@@ -200,6 +208,7 @@ def load_runtime(cfg: Config, engine: bool = True, perturber: bool = True, progr
     from workflow_src.engine import ThroughputMeter, make_engine
 
     s = cfg.settings
+    started_at = time.time()
     setup_runtime(s)
     device = resolve_device(s.device)
     meter = ThroughputMeter(sync=torch.cuda.synchronize if device == "cuda" else None)
@@ -210,7 +219,7 @@ def load_runtime(cfg: Config, engine: bool = True, perturber: bool = True, progr
         dtype = "auto" if s.dtype == "auto" else getattr(torch, s.dtype)
         model = AutoModelForCausalLM.from_pretrained(cfg.checkpoint, dtype=dtype, attn_implementation="sdpa")
         model = model.to(device).eval().requires_grad_(False)
-        rt = Runtime(cfg, model, tokenizer, device, meter)
+        rt = Runtime(cfg, model, tokenizer, device, meter, started_at=started_at)
         try:
             rt.prompt_format = resolved_format(tokenizer, cfg.prompt_format)
         except ValueError as e:

@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> None:
         bar.close()
     df = pd.DataFrame(rows, columns=list(TOPK_COLUMNS))
     meta = {"format": TOPK_FORMAT, "identity": cfg.identity(), "k": k, "test_prompts": len(test),
-            "model": rt.model_info(), "throughput": rt.meter.to_dict(), "provenance": cfg.provenance()}
+            "model": rt.model_info(), "throughput": rt.meter.to_dict(), "clock": rt.clock(),
+            "provenance": cfg.provenance()}
     runtime.write_parquet(args.out, df, meta, TOPK_COLUMNS)
     per_rank = df.groupby("rank")["correct"].mean()
     print(f"randopt topk_answers: K={k}, test accuracy per rank {per_rank.min():.3f}..{per_rank.max():.3f}",
