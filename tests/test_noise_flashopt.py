@@ -165,3 +165,12 @@ def test_settings_population_and_bad_input():
     from workflow_src.config_schema import section_schema
     assert list(schemes.SCHEMES) == section_schema("randopt.noise")["properties"]["scheme"]["enum"]
     assert resolve("randopt")["noise"] == {"scheme": "speedproof"}
+
+
+def test_the_compatibility_preset_draws_the_speedruns_population():
+    import yaml
+    from conftest import REPO
+    preset = yaml.safe_load((REPO / "config/presets/randopt-flashopt-7b-gsm8k.yaml").read_text())
+    table = population_table(RandOptSettings.from_dict(preset["randopt"]).population_spec())
+    seeds, sigmas = flashopt.population(42, 512, GRID)
+    assert table["seed"].tolist() == seeds and table["sigma"].tolist() == sigmas
