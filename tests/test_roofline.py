@@ -120,3 +120,26 @@ def test_ceilings_measure_on_the_cpu(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["format"] == "speedproof.ceilings/1" and doc["copy"]["gb_per_s"] > 0 and doc["matmul"]["tflop_per_s"] > 0
     assert doc["ridge_rows"] > 0
+
+
+def test_ragged_work_is_the_fixed_work_when_every_length_is_the_same():
+    from workflow_src.bench.roofline import ragged_generation_work
+    model = tiny(False)
+    prompts, new, slots = [3, 9, 4, 1, 6], 5, 2
+    fixed, ragged = generation_work(model, prompts, new, slots), ragged_generation_work(model, prompts, [new] * 5, slots)
+    for key in ("decode_steps", "kv_bytes", "decode_flop", "generated_tokens", "prefill_flop", "weight_bytes_per_step"):
+        assert ragged[key] == fixed[key], key
+    measured = {"copy": {"gb_per_s": 100.0}, "matmul": {"tflop_per_s": 1.0}}
+    assert floor(ragged, measured)["seconds"] == pytest.approx(floor(fixed, measured)["seconds"])
+
+
+def test_ragged_work_follows_the_engines_slot_schedule():
+    from workflow_src.bench.roofline import ragged_generation_work
+    model = tiny(False)
+    # slots 0, 1 take prompts 0 (ends at its prefill: 1 token) and 1 (4 tokens); prompt 2 (3 tokens) takes
+    # slot 0 after the first step, as the engine refills: decode steps with rows {1}, {1, 2}, {1, 2}
+    work = ragged_generation_work(model, [2, 3, 5], [1, 4, 3], slots=2)
+    assert [w["rows"] for w in work["waves"]] == [1, 2, 2] and work["decode_steps"] == 3
+    per_position = work["kv_bytes_per_position"]
+    assert [w["kv_bytes"] // per_position for w in work["waves"]] == [3 + 1, (3 + 2) + (5 + 1), (3 + 3) + (5 + 2)]
+    assert work["generated_tokens"] == 8

@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import REPO
 from test_rl_subject import TASK
 
 from workflow_src.engine import ThroughputMeter, make_engine
@@ -210,10 +211,11 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
     with pytest.raises(ValueError, match="block_n/num_warps/num_stages/splits"):
         main(["--tiny", "--device", "cpu", "--out", str(out), "--engines", "static:launch=64/4"])
     assert all(0 < e["generated_tokens"] <= 5 * 6 and e["prompts"] == 5 for e in engines.values())
-    assert doc["population"]["seeds"] == 2 and doc["population"]["engines"]["static"]["seeds_per_s"] > 0
+    pop = doc["population"]["engines"]["static"]
+    assert doc["population"]["seeds"] == 2 and pop["runs"][0]["seeds_per_s"] > 0
     assert set(doc["population"]["engines"]) == {"static", "static:span=4"}
-    assert len(doc["population"]["engines"]["static"]["seed_seconds"]) == 2
-    assert doc["population"]["engines"]["static"]["seeds_per_s_after_first"] > 0
+    assert len(pop["runs"]) == 1 and len(pop["runs"][0]["seed_seconds"]) == 2
+    assert pop["statistic"] == "seeds_per_s_after_first" and pop["median"] == pop["runs"][0]["seeds_per_s_after_first"] > 0
     # each engine against the roofline floor of the same workload (bench/roofline.py; tests/test_roofline.py)
     assert doc["ceilings"]["copy"]["gb_per_s"] > 0 and doc["ceilings"]["matmul"]["tflop_per_s"] > 0
     fl = doc["shapes"]["0.5B"]["floor"]
@@ -224,8 +226,8 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
         assert e["share_of_floor"] == pytest.approx(fl["seconds"] / e["seconds"])
     pop = doc["population"]
     assert pop["floor_seeds_per_s"] == pytest.approx(1 / fl["seconds"])
-    assert pop["engines"]["static"]["share_of_floor"] == pytest.approx(
-        pop["engines"]["static"]["seeds_per_s_after_first"] / pop["floor_seeds_per_s"])
+    run = pop["engines"]["static"]["runs"][0]
+    assert run["share_of_floor"] == pytest.approx(run["seeds_per_s_after_first"] / pop["floor_seeds_per_s"])
     with pytest.raises(SystemExit):
         main(["--tiny", "--device", "cpu", "--out", str(out), "--engines", "static", "--population-engines", "hf"])
     prof = doc["profile"]
@@ -270,3 +272,43 @@ def test_overlapped_steps_give_the_tokens_of_steps_read_one_by_one(model_and_tok
         else:
             assert sum(a == b for a, b in zip(overlapped, one_by_one)) / len(prompts) >= 0.9
     assert len(one_by_one) == len(prompts) and any(one_by_one)
+
+
+def test_lengths_end_each_completion_where_drawn(model_and_tokenizer, prompts):
+    """A length model's lengths end completions as <eos> would: each row stops at its own length while the rest
+    of the batch goes on (slots refill), and what comes before the end is the unlimited run's."""
+    from workflow_src.engine.length_model import LengthModelError, parse
+    model, tok = model_and_tokenizer
+    meter = ThroughputMeter()
+    engine = StaticEngine(model, tok, 5, meter=meter)
+    free = engine.generate(prompts, 20)
+    lengths = parse(f"histogram:{REPO / 'config/lengths/gsm8k-like.csv'}", 512).draw(len(prompts), 3)
+    lengths = [1 + n % 12 for n in lengths]  # ragged, and shorter than the answers
+    with meter.phase("cut"):
+        cut = engine.generate(prompts, 20, lengths=lengths)
+    assert meter.to_dict()["cut"]["generated_tokens"] <= sum(lengths)
+    assert all(w.startswith(c) for c, w in zip(cut, free)) and cut != free
+    assert [len(tok(c, add_special_tokens=False)["input_ids"]) <= n for c, n in zip(cut, lengths)] == [True] * len(cut)
+    with pytest.raises(ValueError, match="lengths"):
+        engine.generate(prompts, 20, lengths=[21] * len(prompts))
+    assert parse("fixed:7", 12).draw(4, 0) == [7] * 4
+    with pytest.raises(LengthModelError, match="more than max_new_tokens"):
+        parse(f"histogram:{REPO / 'config/lengths/gsm8k-like.csv'}", 256)
+
+
+def test_engine_bench_with_a_length_model_and_repeats(tmp_path):
+    import json
+
+    from workflow_src.bench.engine import main
+    out = tmp_path / "bench.json"
+    main(["--tiny", "--shapes", "0.5B", "--prompts", "6", "--prompt-chars", "12", "--new-tokens", "8", "--batch", "4",
+          "--seeds", "2", "--repeats", "3", "--device", "cpu", "--out", str(out), "--engines", "static",
+          "--lengths", "fixed:3"])
+    doc = json.loads(out.read_text())
+    fl = doc["shapes"]["0.5B"]["floor"]
+    assert fl["work"]["ragged"] and fl["work"]["generated_tokens"] == 6 * 3
+    assert doc["shapes"]["0.5B"]["engines"]["static"]["generated_tokens"] == 6 * 3
+    pop = doc["population"]["engines"]["static"]
+    assert len(pop["runs"]) == 3 and pop["min"] <= pop["median"] <= pop["max"]
+    with pytest.raises(SystemExit):
+        main(["--tiny", "--device", "cpu", "--out", str(out), "--new-tokens", "8", "--lengths", "fixed:9"])

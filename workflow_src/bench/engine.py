@@ -29,6 +29,11 @@ most device (CPU: host) time: where a decode step goes, as a guide to the next o
 `launch=block_n/num_warps/num_stages/splits` (the Triton decode attention's launch, e.g. 64/4/3/2)
 (StaticEngine's arguments; unnamed ones keep its defaults). Packing re-lays out the model's
 weights for good: list engines that do not pack before those that do.
+`--lengths fixed:N|histogram:PATH` ends each completion at a length drawn from a length model
+(engine/length_model.py; `config/lengths/gsm8k-like.csv` ships one of mean ≈ 276 tokens): the static engine's
+slots then free and refill at ragged times, and the floor follows its slot schedule (roofline.ragged_generation_work).
+The population is timed on the RandOpt speedrun's clock (switch, generation and grading, wall clock), `--repeats`
+times, with the median and range.
 `--tiny` swaps the shapes for a two-layer stand-in (for the CPU tests).
 """
 
@@ -44,10 +49,11 @@ import time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from workflow_src.bench.roofline import ceilings, floor, generation_work
+from workflow_src.bench.roofline import ceilings, floor, generation_work, ragged_generation_work
 from workflow_src.checkpoints.random_init import tensor_seed
 from workflow_src.checkpoints.tokenizer import build_tokenizer
 from workflow_src.engine import ThroughputMeter, make_engine
+from workflow_src.engine.length_model import LengthModelError, parse
 from workflow_src.kernels.decode_attention import Launch
 from workflow_src.model.shapes import SHORT_NAMES, architecture
 from workflow_src.tasks import synthetic_arithmetic as task
@@ -140,10 +146,10 @@ def pin_determinism(mode: str) -> None:
         torch.utils.deterministic.fill_uninitialized_memory = False
 
 
-def timed_generate(engine, prompts, new_tokens, sync) -> dict:
+def timed_generate(engine, prompts, new_tokens, sync, lengths=None) -> dict:
     meter = engine.meter
     with meter.phase("timed"):
-        out = engine.generate(prompts, new_tokens)
+        out = engine.generate(prompts, new_tokens, lengths=lengths)
     sync()
     stats = meter.to_dict()["timed"]
     stats["gen_tokens_per_s"] = stats["generated_tokens"] / stats["seconds"]
@@ -159,7 +165,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-chars", type=int, default=200)
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--lengths", metavar="fixed:N|histogram:PATH",
+                        help="end each completion at a drawn length (engine/length_model.py; e.g. "
+                             "histogram:config/lengths/gsm8k-like.csv); default: every completion --new-tokens long")
     parser.add_argument("--seeds", type=int, default=0, help="time a population of this many seeds on the last shape")
+    parser.add_argument("--repeats", type=int, default=1, help="time the population this many times (median, range)")
     parser.add_argument("--population-engines", nargs="+", metavar="ENGINE",
                     help="the engines the population runs (default: all of --engines)")
     parser.add_argument("--sigma", type=float, default=1e-3)
@@ -172,9 +182,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.population_engines and not set(args.population_engines) <= set(args.engines):
         parser.error(f"--population-engines {args.population_engines} must be among --engines {args.engines}")
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    try:
+        length_model = parse(args.lengths, args.new_tokens, "--lengths") if args.lengths else None
+    except LengthModelError as e:
+        parser.error(str(e))
     pin_determinism(args.determinism)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     prompts = random_prompts(args.prompts, args.prompt_chars)
+    lengths = length_model.draw(len(prompts), 0) if length_model else None
     from workflow_src.engine.attention import attention_backend
     doc = {"format": "speedproof.engine-bench/1", "device": args.device, "torch": torch.__version__,
            "attention": attention_backend(),
@@ -186,7 +203,9 @@ def main(argv: list[str] | None = None) -> None:
           f"per decode step)", flush=True)
     for shape in args.shapes:
         model, tok = random_model(shape, args.device, args.tiny)
-        work = generation_work(model, [len(ids) for ids in tok(prompts)["input_ids"]], args.new_tokens, args.batch)
+        prompt_tokens = [len(ids) for ids in tok(prompts)["input_ids"]]
+        work = (ragged_generation_work(model, prompt_tokens, lengths, args.batch) if lengths else
+                generation_work(model, prompt_tokens, args.new_tokens, args.batch))
         row: dict = {"parameters": sum(p.numel() for p in model.parameters()), "engines": {},
                      "floor": {"work": work, **floor(work, doc["ceilings"])}}
         print(f"{shape:>5} {'floor':>16}: {row['floor']['gen_tokens_per_s']:,.0f} gen-tok/s "
@@ -196,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.engines:
             engine = bench_engine(name, model, tok, args.batch, ThroughputMeter(sync=sync))
             engine.generate(prompts[: args.batch], args.new_tokens)  # warm-up: compilation, graph capture
-            res = timed_generate(engine, prompts, args.new_tokens, sync)
+            res = timed_generate(engine, prompts, args.new_tokens, sync, lengths)
             completions = res.pop("completions")
             if first is None:
                 first = (name, completions, res["gen_tokens_per_s"])
@@ -210,7 +229,8 @@ def main(argv: list[str] | None = None) -> None:
                   flush=True)
         doc["shapes"][shape] = row
         if args.seeds and shape == args.shapes[-1]:
-            doc["population"] = population(model, tok, args, prompts, sync, row["floor"]["seconds"])
+            doc["population"] = population(model, tok, args, prompts, prompt_tokens, sync, doc["ceilings"],
+                                           length_model)
         if args.profile and shape == args.shapes[-1]:
             doc["profile"] = profile_static(model, tok, args, prompts, sync)
         del model
@@ -244,37 +264,59 @@ def profile_static(model, tok, a, prompts, sync, top: int = 25) -> dict:
             "total_ms": total / 1e3, "per_new_token_ms": total / 1e3 / a.profile, "top": rows}
 
 
-def population(model, tok, a, prompts, sync, floor_seconds: float) -> dict:
-    """Seeds/s of a population per engine; `floor_seconds`, the roofline floor of one seed's generation (the
-    weight switch not counted), gives the floor's seeds/s and each engine's share of it (after the first seed
-    where there are several)."""
+def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_model=None) -> dict:
+    """Seeds/s of a population per engine, `--repeats` times, on the RandOpt speedrun's clock: N seeds over the
+    wall clock of the loop that, per seed, switches the weights, generates every prompt (each completion ending
+    at its drawn length under a length model: lengths drawn with the seed) and grades the completions (the
+    synthetic task's grader; random text is never right, but the work is done). The roofline floor of each
+    seed's generation (the switch and grading not counted) gives the floor's seeds/s and each repeat's share of
+    it (after the first seed, which also captures the new engine's graphs)."""
+    import statistics
+
     from workflow_src.engine.perturber import Perturber
     from workflow_src.noise.speedproof import population_seeds
+    from workflow_src.tasks.registry import get_task
+    grader = get_task("synthetic_arithmetic")
+    seeds = population_seeds(0, args.seeds)
+    draws = {s: length_model.draw(len(prompts), s) if length_model else None for s in seeds}
+    floors = [floor(ragged_generation_work(model, prompt_tokens, draws[s], args.batch) if draws[s] else
+                    generation_work(model, prompt_tokens, args.new_tokens, args.batch), measured)["seconds"]
+              for s in seeds]
+    floor_seeds_per_s = len(seeds) / sum(floors)
     perturber = Perturber(model)
-    out = {"seeds": a.seeds, "sigma": a.sigma, "prompts": len(prompts), "floor_seeds_per_s": 1 / floor_seconds,
-           "engines": {}}
-    for name in a.population_engines or a.engines:
-        engine = bench_engine(name, model, tok, a.batch, ThroughputMeter(sync=sync))
-        sync()
-        t0 = time.perf_counter()
-        marks = [t0]
-        for seed in population_seeds(0, a.seeds):
-            perturber.apply(seed, a.sigma)
-            engine.generate(prompts, a.new_tokens)
+    out = {"seeds": args.seeds, "sigma": args.sigma, "prompts": len(prompts), "lengths": args.lengths,
+           "clock": "switch + generation + grading, wall clock", "floor_seeds_per_s": floor_seeds_per_s,
+           "floor_seconds_per_seed": floors, "engines": {}}
+    for name in args.population_engines or args.engines:
+        engine = bench_engine(name, model, tok, args.batch, ThroughputMeter(sync=sync))
+        runs = []
+        for _ in range(args.repeats):
             sync()
-            marks.append(time.perf_counter())
-        perturber.restore_base()
-        sync()
-        seconds = time.perf_counter() - t0
-        per_seed = [b - a_ for a_, b in zip(marks, marks[1:])]
-        row = {"seconds": seconds, "seeds_per_s": a.seeds / seconds, "seed_seconds": per_seed}
-        if len(per_seed) > 1:  # the first seed also captures the new engine's graphs
-            row["seeds_per_s_after_first"] = (len(per_seed) - 1) / sum(per_seed[1:])
-        row["share_of_floor"] = row.get("seeds_per_s_after_first", row["seeds_per_s"]) * floor_seconds
-        out["engines"][name] = row
-        print(f"population {name:>7}: {a.seeds / seconds:.3f} seeds/s"
-              + (f" ({row['seeds_per_s_after_first']:.3f} after the first)" if len(per_seed) > 1 else "")
-              + f", {row['share_of_floor']:.0%} of the floor's {1 / floor_seconds:.3f}", flush=True)
+            marks, generated = [time.perf_counter()], 0
+            for seed in seeds:
+                perturber.apply(seed, args.sigma)
+                completions = engine.generate(prompts, args.new_tokens, lengths=draws[seed])
+                sum(grader.grade(c, "0") for c in completions)
+                sync()
+                marks.append(time.perf_counter())
+                generated += sum(len(ids) for ids in tok(completions, add_special_tokens=False)["input_ids"])
+            perturber.restore_base()
+            sync()
+            per_seed = [b - a_ for a_, b in zip(marks, marks[1:])]
+            run = {"seconds": marks[-1] - marks[0], "seeds_per_s": len(seeds) / (marks[-1] - marks[0]),
+                   "seed_seconds": per_seed, "generated_tokens_decoded": generated}
+            if len(per_seed) > 1:  # the first seed also captures the new engine's graphs
+                run["seeds_per_s_after_first"] = (len(per_seed) - 1) / sum(per_seed[1:])
+                run["share_of_floor"] = ((len(per_seed) - 1) / sum(per_seed[1:])) / (
+                    (len(floors) - 1) / sum(floors[1:]))
+            runs.append(run)
+            print(f"population {name:>7}: {run['seeds_per_s']:.3f} seeds/s"
+                  + (f" ({run['seeds_per_s_after_first']:.3f} after the first, {run['share_of_floor']:.0%} of the "
+                     f"floor's {(len(floors) - 1) / sum(floors[1:]):.3f})" if len(per_seed) > 1 else ""), flush=True)
+        key = "seeds_per_s_after_first" if all("seeds_per_s_after_first" in r for r in runs) else "seeds_per_s"
+        values = [r[key] for r in runs]
+        out["engines"][name] = {"runs": runs, "statistic": key, "median": statistics.median(values),
+                                "min": min(values), "max": max(values)}
     return out
 
 

@@ -115,6 +115,45 @@ def generation_work(model: torch.nn.Module, prompt_lengths: Sequence[int], max_n
             "generated_tokens": len(prompt_lengths) * max_new_tokens}
 
 
+def ragged_generation_work(model: torch.nn.Module, prompt_lengths: Sequence[int], lengths: Sequence[int],
+                           slots: int) -> dict:
+    """As generation_work, with completion i ending after lengths[i] tokens (a length model) and the static
+    engine's schedule: prompts take free slots in order, a slot whose completion ended is refilled before the
+    next decode step, and every decode step reads the weights once for the rows live in it (each step is one
+    `wave` of its own)."""
+    if len(lengths) != len(prompt_lengths) or min(lengths) < 1:
+        raise ValueError("roofline: one length >= 1 per prompt")
+    base = generation_work(model, prompt_lengths, 2, slots)  # one decode step per prompt: the per-row costs
+    matrix_weights = base["waves"][0]["decode_flop"] // (2 * base["waves"][0]["rows"])
+    kv_per_position = base["kv_bytes_per_position"]
+    queue = list(range(len(prompt_lengths)))[::-1]
+    live: dict[int, list[int]] = {}  # slot -> [prompt, tokens made]
+    waves = []
+
+    def admit() -> None:
+        for slot in range(slots):
+            if slot not in live and queue:
+                i = queue.pop()
+                if lengths[i] > 1:  # the prefill makes the first token
+                    live[slot] = [i, 1]
+
+    admit()
+    while live:
+        rows = list(live.values())
+        waves.append({"rows": len(rows), "steps": 1, "decode_flop": 2 * matrix_weights * len(rows),
+                      "kv_bytes": sum(prompt_lengths[i] + made for i, made in rows) * kv_per_position})
+        for slot in list(live):
+            live[slot][1] += 1
+            if live[slot][1] >= lengths[live[slot][0]]:
+                del live[slot]
+        admit()
+    return {**{k: base[k] for k in ("prompts", "prompt_tokens", "slots", "weight_bytes_per_step",
+                                     "kv_bytes_per_position", "prefill_flop")},
+            "max_new_tokens": max(lengths), "decode_steps": len(waves), "steps_per_wave": 1,
+            "kv_bytes": sum(w["kv_bytes"] for w in waves), "decode_flop": sum(w["decode_flop"] for w in waves),
+            "waves": waves, "generated_tokens": sum(lengths), "ragged": True}
+
+
 def floor(work: dict, measured: dict) -> dict:
     """Seconds of `work` (generation_work) at the `measured` ceilings (`ceilings`), and the tokens/s they allow:
     each wave of decode steps at the slower of its reads and its arithmetic (`decode_bound`: which one bound the
@@ -125,7 +164,7 @@ def floor(work: dict, measured: dict) -> dict:
     kv_s = work["kv_bytes"] / copy
     decode_s, bounds = 0.0, set()
     for wave in work["waves"]:
-        reads_s = (work["steps_per_wave"] * work["weight_bytes_per_step"] + wave["kv_bytes"]) / copy
+        reads_s = (wave.get("steps", work["steps_per_wave"]) * work["weight_bytes_per_step"] + wave["kv_bytes"]) / copy
         flop_s = wave["decode_flop"] / rate
         decode_s += max(reads_s, flop_s)
         bounds.add("reads" if reads_s >= flop_s else "arithmetic")

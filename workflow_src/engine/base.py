@@ -121,8 +121,10 @@ class Engine(Protocol):
     name: str
     meter: ThroughputMeter
 
-    def generate(self, prompts: Sequence[str], max_new_tokens: int, batch_size: int | None = None) -> list[str]:
-        """`batch_size`: prompts at a time for this call (None: the engine's own); it may change the numerics."""
+    def generate(self, prompts: Sequence[str], max_new_tokens: int, batch_size: int | None = None,
+                 lengths: Sequence[int] | None = None) -> list[str]:
+        """`batch_size`: prompts at a time for this call (None: the engine's own); it may change the numerics.
+        `lengths`: where each completion ends at the latest (a length model for timing on random weights)."""
         ...
 
 

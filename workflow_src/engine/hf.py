@@ -32,9 +32,12 @@ class HFEngine:
         self.meter = meter if meter is not None else ThroughputMeter()
         self.progress = progress
 
-    def generate(self, prompts: Sequence[str], max_new_tokens: int, batch_size: int | None = None) -> list[str]:
+    def generate(self, prompts: Sequence[str], max_new_tokens: int, batch_size: int | None = None,
+                 lengths: Sequence[int] | None = None) -> list[str]:
         if max_new_tokens < 1:
             raise ValueError(f"hf engine: max_new_tokens must be >= 1, got {max_new_tokens}")
+        if lengths is not None:  # generate's batches run to their longest row: no per-row end to honour
+            raise ValueError("hf engine: per-completion lengths (a length model) need the static or vllm engine")
         batch_size = self.batch_size if batch_size is None else batch_size
         with contextlib.ExitStack() as stack:
             if not self.meter.active:

@@ -255,10 +255,15 @@ class StaticEngine:
                                         launch=self.launch)
         return self._decoder
 
-    def generate(self, prompts: Sequence[str], max_new_tokens: int, batch_size: int | None = None) -> list[str]:
-        """`batch_size`: slots for this call (None: the engine's `batch_size`)."""
+    def generate(self, prompts: Sequence[str], max_new_tokens: int, batch_size: int | None = None,
+                 lengths: Sequence[int] | None = None) -> list[str]:
+        """`batch_size`: slots for this call (None: the engine's `batch_size`). `lengths`: where each completion
+        ends at the latest (engine/length_model.py: timing on random weights, as if <eos> came there)."""
         if max_new_tokens < 1:
             raise ValueError(f"static engine: max_new_tokens must be >= 1, got {max_new_tokens}")
+        if lengths is not None and (len(lengths) != len(prompts) or any(not 1 <= n <= max_new_tokens for n in lengths)):
+            raise ValueError(f"static engine: lengths must give each of the {len(prompts)} prompts 1 … max_new_tokens "
+                             f"({max_new_tokens}) tokens")
         slots = self.batch_size if batch_size is None else batch_size
         if slots < 1:
             raise ValueError(f"static engine: batch_size must be >= 1, got {slots}")
@@ -274,7 +279,8 @@ class StaticEngine:
             was_training = self.model.training
             self.model.eval()
             try:
-                generated = self._run(decoder, encoded, max_new_tokens)
+                limits = [max_new_tokens] * len(encoded) if lengths is None else list(lengths)
+                generated = self._run(decoder, encoded, limits)
             finally:
                 self.model.train(was_training)
         out = []
@@ -283,7 +289,7 @@ class StaticEngine:
             out.append(self.tokenizer.decode(tokens[:cut], skip_special_tokens=True))
         return out
 
-    def _run(self, decoder: SlotDecoder, encoded: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    def _run(self, decoder: SlotDecoder, encoded: list[list[int]], limits: list[int]) -> list[list[int]]:
         """Generate every prompt. The decoder's tokens and positions, and which slots still decode (`live`) and
         how many tokens each may still make (`left`), live on the device and are advanced there after each
         step, so the next step can be launched before the host has read this one's tokens (`overlap`): the
@@ -313,13 +319,13 @@ class StaticEngine:
             lengths = [len(encoded[i]) for i in idx]
             positions[at] = torch.tensor(lengths, device=device)
             live[at] = 1
-            left[at] = max_new_tokens - 1
+            left[at] = torch.tensor([limits[i] - 1 for i in idx], device=device)
             first = logits.argmax(-1)
             tokens[at] = first
             for slot, i, length in zip(slots, idx, lengths):
                 owner[slot], where[slot] = i, length
                 self.meter.count(prompts=1, prompt_tokens=length)
-            ended = self._record(first.tolist(), idx, generated, max_new_tokens, owner, slots)
+            ended = self._record(first.tolist(), idx, generated, limits, owner, slots)
             if ended:
                 live[torch.tensor(ended, device=device)] = 0
 
@@ -348,7 +354,7 @@ class StaticEngine:
             new = picked.tolist()
             # a slot whose sequence ended at an earlier step (or that has been refilled since) was frozen
             current = [(s, o) for s, o in snapshot if owner[s] == o]
-            self._record([new[s] for s, _ in current], [o for _, o in current], generated, max_new_tokens, owner,
+            self._record([new[s] for s, _ in current], [o for _, o in current], generated, limits, owner,
                          [s for s, _ in current])
             admit()
 
@@ -365,13 +371,13 @@ class StaticEngine:
                     return generated
                 admit()  # every admitted sequence ended at its prefill: admit more while the queue lasts
 
-    def _record(self, new: list[int], idx: list[int], generated: list[list[int]], max_new_tokens: int,
+    def _record(self, new: list[int], idx: list[int], generated: list[list[int]], limits: list[int],
                 owner: list[int | None], slots: list[int]) -> list[int]:
         """Append each slot's new token; free (and return) the slots whose sequence ended."""
         freed = []
         for tok, i, slot in zip(new, idx, slots):
             generated[i].append(tok)
-            if tok in self.stops or len(generated[i]) >= max_new_tokens:
+            if tok in self.stops or len(generated[i]) >= limits[i]:
                 owner[slot] = None
                 freed.append(slot)
                 self.meter.count(generated_tokens=len(generated[i]))

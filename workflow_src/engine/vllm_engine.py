@@ -60,13 +60,19 @@ class VLLMEngine:
                             enable_prefix_caching=False, gpu_memory_utilization=fraction,
                             worker_extension_cls=WORKER_EXTENSION)
 
-    def generate(self, prompts: Sequence[str], max_new_tokens: int, batch_size: int | None = None) -> list[str]:
+    def generate(self, prompts: Sequence[str], max_new_tokens: int, batch_size: int | None = None,
+                 lengths: Sequence[int] | None = None) -> list[str]:
+        """`lengths`: each completion's largest length (engine/length_model.py), as per-prompt max_tokens."""
         if max_new_tokens < 1:
             raise ValueError(f"vllm engine: max_new_tokens must be >= 1, got {max_new_tokens}")
+        if lengths is not None and (len(lengths) != len(prompts) or any(not 1 <= n <= max_new_tokens for n in lengths)):
+            raise ValueError(f"vllm engine: lengths must give each of the {len(prompts)} prompts 1 … max_new_tokens "
+                             f"({max_new_tokens}) tokens")
         if batch_size not in (None, self.batch_size):
             raise ValueError(f"vllm engine: batch_size {batch_size} for one call; vLLM fixed its batch "
                              f"(max_num_seqs) at {self.batch_size} when it loaded")
-        params = self._vllm.SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
+        params = (self._vllm.SamplingParams(temperature=0.0, max_tokens=max_new_tokens) if lengths is None else
+                  [self._vllm.SamplingParams(temperature=0.0, max_tokens=int(n)) for n in lengths])
         with contextlib.ExitStack() as stack:
             if not self.meter.active:
                 stack.enter_context(self.meter.phase(DEFAULT_PHASE))
