@@ -99,3 +99,21 @@ def test_a_dry_run_stops_before_any_job_with_every_problem(tmp_path):
     assert "randopt.vote.headline_k: 12" in err and "optimized_settings.max_new_tokens = 3" in err
     assert "bitwise.reference: 'nosuch' is not a run in bitwise.runs" in err
     assert "KeyError" not in err and "Job stats" not in err and not (tmp_path / "results").exists()
+
+
+RANDOM = {"checkpoint": {"source": "random", "random": {"architecture": "qwen2.5-0.5b"}},
+          "randopt": {"engine": "static", "max_new_tokens": 512}}
+
+
+def test_length_models_are_checked_before_any_job(tmp_path):
+    empty, long = tmp_path / "empty.csv", tmp_path / "long.csv"
+    empty.write_text("tokens,count\n")
+    long.write_text("tokens,count\n100,1\n600,2\n")
+    gsm8k = f"histogram:{REPO / 'config/lengths/gsm8k-like.csv'}"
+    assert problems({**RANDOM, "randopt": {**RANDOM["randopt"], "lengths": gsm8k}}) == []
+    for lengths, says in ((f"histogram:{empty}", "at least one row"), (f"histogram:{long}", "more than max_new_tokens"),
+                          (f"histogram:{tmp_path / 'absent.csv'}", "cannot read")):
+        [problem] = problems({**RANDOM, "randopt": {**RANDOM["randopt"], "lengths": lengths}})
+        assert problem.startswith("randopt.lengths") and says in problem
+    [problem] = problems({"randopt": {"engine": "static", "lengths": "fixed:8"}})
+    assert "random weights" in problem and "'synthetic'" in problem

@@ -78,6 +78,9 @@ def randopt_problems(config: dict[str, Any]) -> list[str]:
     randopt = config["randopt"]
     n = randopt["population"]
     problems = population_problems(randopt)
+    if randopt["lengths"] is not None and config["checkpoint"]["source"] != "random":
+        problems.append(f"randopt.lengths: {randopt['lengths']} cuts completions for timing; it takes random weights "
+                        f"(checkpoint.source random), not {config['checkpoint']['source']!r}, whose answers it would cut")
     too_large = sorted(k for k in randopt["ks"] if k > n)
     if too_large and not randopt["cap_ks"]:
         problems.append(f"randopt.ks: {too_large} larger than randopt.population ({n}); lower them, or set "

@@ -47,9 +47,10 @@ def main(argv: list[str] | None = None) -> None:
     rt = runtime.load_runtime(cfg, perturber=False, progress=bar)
     try:
         with rt.meter.phase("base_train"):
-            train_out = rt.engine.generate(rt.prompts(train), s.max_new_tokens)
+            train_out = rt.engine.generate(rt.prompts(train), s.max_new_tokens, lengths=rt.lengths(len(train), s.seed))
         with rt.meter.phase("base_test"):
-            test_out = rt.engine.generate(rt.prompts(test), s.max_new_tokens, s.test_batch_size)
+            test_out = rt.engine.generate(rt.prompts(test), s.max_new_tokens, s.test_batch_size,
+                                          lengths=rt.lengths(len(test), s.seed))
     finally:
         bar.close()
     train_grades = [task.grade(c, p.answer) for c, p in zip(train_out, train, strict=True)]

@@ -113,7 +113,7 @@ def evaluate_seeds(rt, task, problems: list, rows: pd.DataFrame, max_new_tokens:
             with meter.phase("perturb"):
                 rt.perturber.apply(int(r.seed), float(r.sigma))
             with meter.phase(phase):
-                completions = rt.engine.generate(prompts, max_new_tokens)
+                completions = rt.engine.generate(prompts, max_new_tokens, lengths=rt.lengths(len(prompts), int(r.seed)))
             with meter.phase("grade"):
                 grades = grade_completions(task, completions, problems)
             seconds = meter.now() - t0

@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> None:
             with rt.meter.phase("perturb"):
                 rt.perturber.apply(int(r.seed), float(r.sigma))
             with rt.meter.phase("probes"):
-                completions = rt.engine.generate(prompts, s.max_new_tokens, s.test_batch_size)
+                completions = rt.engine.generate(prompts, s.max_new_tokens, s.test_batch_size,
+                                                 lengths=rt.lengths(len(prompts), int(r.seed)))
             grades = [task.grade(c, p.answer) for c, p in zip(completions, test, strict=True)]
             with rt.meter.phase("probes_bpb"):
                 b = bpb_mod.base_bpb(rt.model, chunks, s.bpb["batch_size"], meter=rt.meter)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import math
@@ -176,6 +177,11 @@ class Runtime:
         self.meter.now()
         return {"start": self.started_at, "end": time.time()}
 
+    def lengths(self, n: int, seed: int) -> list[int] | None:
+        """Where each of n completions ends under randopt.lengths (drawn with the seed), or None."""
+        spec = self.cfg.settings.lengths
+        return None if spec is None else _length_model(spec, self.cfg.settings.max_new_tokens).draw(n, seed)
+
     def prompts(self, problems) -> list[str]:
         """The problems' prompts as the engines see them (task.prompt_format)."""
         return format_prompts(self.tokenizer, [p.prompt for p in problems], self.prompt_format)
@@ -198,6 +204,12 @@ class Runtime:
         if self.perturber is not None:
             info["perturbed"] = self.perturber.describe()
         return info
+
+
+@functools.cache
+def _length_model(spec: str, max_new_tokens: int):
+    from workflow_src.engine.length_model import parse
+    return parse(spec, max_new_tokens, "randopt.lengths")
 
 
 def load_runtime(cfg: Config, engine: bool = True, perturber: bool = True, progress=None) -> Runtime:

@@ -14,7 +14,7 @@ from workflow_src.provenance.hashing import sha256_json
 
 # The keys that decide the population's rows (seeds, σ, rewards, tokens); see population_sha256.
 POPULATION_KEYS = ("seed", "population", "sigmas", "assignment", "noise", "seeds", "seed_sigmas", "train_prompts",
-                   "max_new_tokens", "batch_size", "engine", "device", "dtype", "threads", "perturb")
+                   "max_new_tokens", "lengths", "batch_size", "engine", "device", "dtype", "threads", "perturb")
 
 
 class SettingsError(ConfigError):
@@ -38,6 +38,14 @@ def population_problems(randopt: dict[str, Any]) -> list[str]:
     if randopt["assignment"] == "flashopt" and (scheme != "flashopt" or seeds is not None):
         problems.append("randopt.assignment: flashopt draws σ with the speedrun's seeds: it needs "
                         "randopt.noise.scheme flashopt and no randopt.seeds")
+    if randopt["lengths"] is not None:
+        from workflow_src.engine.length_model import LengthModelError, parse
+        try:
+            parse(randopt["lengths"], randopt["max_new_tokens"], "randopt.lengths")
+        except LengthModelError as e:
+            problems.append(str(e))
+        if randopt["engine"] == "hf":
+            problems.append("randopt.lengths: the hf engine cannot end completions at drawn lengths; use static or vllm")
     if scheme == "flashopt":
         if randopt["perturb"]["include"] != ["*"] or randopt["perturb"]["exclude"]:
             problems.append("randopt.noise.scheme: flashopt perturbs every parameter (its offsets run over all of "

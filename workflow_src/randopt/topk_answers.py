@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
             with rt.meter.phase("perturb"):
                 rt.perturber.apply(int(r.seed), float(r.sigma))
             with rt.meter.phase("ensemble"):
-                completions = rt.engine.generate(prompts, s.max_new_tokens, s.test_batch_size)
+                completions = rt.engine.generate(prompts, s.max_new_tokens, s.test_batch_size,
+                                                 lengths=rt.lengths(len(prompts), int(r.seed)))
             for row in answer_rows(task, completions, test):
                 rows.append({"rank": int(r.rank), "position": int(r.position), "seed": int(r.seed),
                              "sigma": float(r.sigma), "train_reward": float(r.train_reward), **row})
