@@ -83,24 +83,19 @@ def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
     # index words and the seed, sign from bit 0; noise/flashopt.py), always index by index.
     seed, sigma_bits = _seed_and_sigma_bits(seed, sigma, FROM_PTR)
     pid = tl.program_id(0)
-    if SCHEME == 1:
+    if (SCHEME == 1) or LITERAL:
         local = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
         if MASKED:
             mask = local < n
         else:
             mask = None
         idx = offset.to(tl.int64) + local
+    if SCHEME == 1:
         h = _fmix32(idx.to(tl.uint32))
         h = _fmix32((idx >> 32).to(tl.uint32) ^ h)
         h = _fmix32(seed.to(tl.uint32) ^ h)
         flip = (h & 1) << 31
     elif LITERAL:
-        local = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
-        if MASKED:
-            mask = local < n
-        else:
-            mask = None
-        idx = offset.to(tl.int64) + local
         # h = MurmurHash3_x86_32(idx as 8 little-endian bytes, seed), in uint32
         h = tl.full([BLOCK], 0, tl.uint32) + seed.to(tl.uint32)
         for word in tl.static_range(2):  # the low word (truncation), then the high word

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
-from workflow_src.noise.speedproof import FMIX1, FMIX2, M32, MAX_INDEX, check_seed
+from workflow_src.noise.speedproof import FMIX1, FMIX2, M32, MAX_INDEX, check_seed, fmix32_tensor
 
 SCHEME = "flashopt"
 
@@ -54,27 +54,14 @@ def sign(seed: int, index: int) -> int:
     return -1 if hash32(seed, index) & 1 else 1
 
 
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """(x * c) mod 2**32 for int64 x in [0, 2**32), products below 2**48."""
-    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & M32
-
-
-def _fmix32_tensor(h: torch.Tensor) -> torch.Tensor:
-    h = h ^ (h >> 16)
-    h = _mul32(h, FMIX1)
-    h = h ^ (h >> 13)
-    h = _mul32(h, FMIX2)
-    return h ^ (h >> 16)
-
-
 def hash32_tensor(seed: int, index: torch.Tensor) -> torch.Tensor:
     """h(seed, i) for an int64 tensor of indices, as int64 values in [0, 2**32)."""
     check_seed(seed)
     if index.dtype != torch.int64:
         raise TypeError(f"indices must be int64, got {index.dtype}")
-    h = _fmix32_tensor(index & M32)
-    h = _fmix32_tensor((index >> 32) ^ h)
-    return _fmix32_tensor(h ^ seed)
+    h = fmix32_tensor(index & M32)
+    h = fmix32_tensor((index >> 32) ^ h)
+    return fmix32_tensor(h ^ seed)
 
 
 def signs(seed: int, start_index: int, n: int, device: str | torch.device = "cpu") -> torch.Tensor:

@@ -94,7 +94,7 @@ def sign(seed: int, index: int) -> int:
 
 # -- torch (int64 with masks) ---------------------------------------------------------------------
 
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+def mul32(x: torch.Tensor, c: int) -> torch.Tensor:
     """(x * c) mod 2**32 for int64 x in [0, 2**32): c split in 16-bit halves, products < 2**48."""
     return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & M32
 
@@ -110,13 +110,17 @@ def hash32_tensor(seed: int, index: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"indices must be int64, got {index.dtype}")
     h = torch.full_like(index, seed)
     for k in (index & M32, index >> 32):
-        k = _mul32(_rotl32(_mul32(k, C1), ROT_K), C2)
+        k = mul32(_rotl32(mul32(k, C1), ROT_K), C2)
         h = (_rotl32(h ^ k, ROT_H) * H_MUL + H_ADD) & M32
-    h = h ^ KEY_BYTES
+    return fmix32_tensor(h ^ KEY_BYTES)
+
+
+def fmix32_tensor(h: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's finalizer on int64 values in [0, 2**32) (the flashopt scheme folds with it too)."""
     h = h ^ (h >> 16)
-    h = _mul32(h, FMIX1)
+    h = mul32(h, FMIX1)
     h = h ^ (h >> 13)
-    h = _mul32(h, FMIX2)
+    h = mul32(h, FMIX2)
     return h ^ (h >> 16)
 
 
