@@ -158,8 +158,7 @@ def test_settings_population_and_bad_input():
                      ({"population": 3, "seeds": [1, 2]}, "2 seeds, but randopt.population is 3"),
                      ({"population": 2, "seeds": [1, 2], "seed_sigmas": [0.5, 0.001], "sigmas": GRID}, "not in"),
                      ({"assignment": "flashopt"}, "needs randopt.noise.scheme flashopt"),
-                     ({"noise": {"scheme": "flashopt"}, "perturb": {"exclude": ["lm_head.*"]}}, "every parameter"),
-                     ({"noise": {"scheme": "flashopt"}, "engine": "vllm"}, "vllm")):
+                     ({"noise": {"scheme": "flashopt"}, "perturb": {"exclude": ["lm_head.*"]}}, "every parameter")):
         with pytest.raises(SettingsError, match=msg):
             RandOptSettings.from_dict(bad)
     from workflow_src.config_schema import section_schema
@@ -174,3 +173,29 @@ def test_the_compatibility_preset_draws_the_speedruns_population():
     table = population_table(RandOptSettings.from_dict(preset["randopt"]).population_spec())
     seeds, sigmas = flashopt.population(42, 512, GRID)
     assert table["seed"].tolist() == seeds and table["sigma"].tolist() == sigmas
+
+
+def test_the_vllm_workers_perturb_as_the_model_side_does(rl_subject_checkpoint):
+    """The worker extension, run on a stand-in for vLLM's model runner (no vLLM here): under either scheme the
+    tensors it hands to vLLM's reload are the transformers model's after Perturber.apply, bit for bit."""
+    from types import SimpleNamespace
+
+    from transformers import Qwen2ForCausalLM
+
+    from workflow_src.engine.vllm_worker import PerturbationExtension
+    model = Qwen2ForCausalLM.from_pretrained(rl_subject_checkpoint).eval()
+    for scheme in ("speedproof", "flashopt"):
+        reloaded = {}
+        runner = SimpleNamespace(model=model, model_config=SimpleNamespace(model=str(rl_subject_checkpoint)),
+                                 reload_weights=lambda weights_iterator, is_checkpoint_format: reloaded.update(
+                                     dict(weights_iterator)))
+        worker = PerturbationExtension()
+        worker.model_runner = runner
+        answer = worker.speedproof_perturb_setup(["*"], [], scheme)
+        perturber = Perturber(model, scheme=scheme)
+        assert sorted(tuple(e) for e in answer["layout"]) == sorted(perturber.layout)
+        worker.speedproof_perturb(1617814377, 0.002)
+        perturber.apply(1617814377, 0.002)
+        params = dict(model.named_parameters())
+        assert all(torch.equal(reloaded[name], params[name].data) for name, _, _ in perturber.layout), scheme
+        perturber.restore_base()

@@ -84,16 +84,17 @@ class VLLMEngine:
                 self.progress.update(len(outs))
         return [o.outputs[0].text for o in outs]
 
-    def perturber(self, include: Sequence[str] = ("*",), exclude: Sequence[str] = ()) -> "WorkerPerturber":
-        return WorkerPerturber(self.llm, list(include), list(exclude))
+    def perturber(self, include: Sequence[str] = ("*",), exclude: Sequence[str] = (),
+                  scheme: str = "speedproof") -> "WorkerPerturber":
+        return WorkerPerturber(self.llm, list(include), list(exclude), scheme)
 
 
 class WorkerPerturber(LaidOut):
     """`randopt.perturb.Perturber`'s interface (apply, restore_base, describe) over the workers."""
 
-    def __init__(self, llm, include: list[str], exclude: list[str]):
-        self.llm = llm
-        (answer, *others) = llm.collective_rpc("speedproof_perturb_setup", args=(include, exclude))
+    def __init__(self, llm, include: list[str], exclude: list[str], scheme: str = "speedproof"):
+        self.llm, self.scheme = llm, scheme
+        (answer, *others) = llm.collective_rpc("speedproof_perturb_setup", args=(include, exclude, scheme))
         if any(o != answer for o in others):
             raise RuntimeError("vllm workers disagree on the perturbed parameters")
         self.layout = [tuple(entry) for entry in answer["layout"]]
@@ -108,7 +109,8 @@ class WorkerPerturber(LaidOut):
         self.current = None
 
     def describe(self) -> dict:
-        return {"backend": "vllm-worker-reference", "parameters": len(self.layout), "elements": self.numel,
+        return {"backend": "vllm-worker-reference", "scheme": self.scheme, "parameters": len(self.layout),
+                "elements": self.numel,
                 "names_sha256": layout_names_sha256(self.layout)}
 
 

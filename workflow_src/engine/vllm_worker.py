@@ -1,14 +1,14 @@
 """RandOpt perturbations inside vLLM's workers: a worker extension called through `LLM.collective_rpc`.
 
     LLM(model=CKPT, worker_extension_cls="workflow_src.engine.vllm_worker.PerturbationExtension", ...)
-    llm.collective_rpc("speedproof_perturb_setup", args=(include, exclude))
+    llm.collective_rpc("speedproof_perturb_setup", args=(include, exclude, scheme))
     llm.collective_rpc("speedproof_perturb", args=(seed, sigma))   # W ← W0 + σ·R(seed, ·), from the base
     llm.collective_rpc("speedproof_restore")                       # W ← W0
 
-The noise is the one `randopt.perturb.Perturber` applies to a transformers model, element for element:
+The noise is the one `engine.perturber.Perturber` applies to a transformers model, element for element:
 the base is the checkpoint's tensors under their transformers names (cast to the engine's dtype, as
-from_pretrained casts them), the layout is `noise.layout` over the selected names, and each perturbed
-tensor is rebuilt by `noise.reconstruct_tensor_reference`. The whole checkpoint (perturbed tensors and the
+from_pretrained casts them), the layout is the noise scheme's over the selected names (`noise.schemes.layout`),
+and each perturbed tensor is rebuilt by `noise.reconstruct_tensor_reference` with the scheme's signs. The whole checkpoint (perturbed tensors and the
 untouched rest) then goes through vLLM's in-place reload (`model_runner.reload_weights`), which writes
 each tensor where vLLM keeps it (q/k/v into the fused qkv_proj, gate/up into gate_up_proj) and redoes what
 follows loading: on the CPU, vLLM repacks linear weights for oneDNN and drops the originals, so writing
@@ -49,8 +49,8 @@ def select_names(names, include, exclude) -> list[str]:
 class PerturbationExtension:
     """Mixed into vLLM's worker class (`worker_extension_cls`); `self` is the worker."""
 
-    def speedproof_perturb_setup(self, include: list[str], exclude: list[str]) -> dict:
-        from workflow_src.noise import speedproof as noise
+    def speedproof_perturb_setup(self, include: list[str], exclude: list[str], scheme: str = "speedproof") -> dict:
+        from workflow_src.noise import schemes
         runner = self.model_runner
         params = list(runner.model.parameters())
         tensors = checkpoint_tensors(runner.model_config.model, params[0].dtype)
@@ -59,7 +59,8 @@ class PerturbationExtension:
             raise ValueError(f"no checkpoint tensor matches perturb.include={include} minus perturb.exclude={exclude}")
         device = params[0].device
         self._speedproof_checkpoint = {n: t.to(device) for n, t in tensors.items()}
-        self._speedproof_layout = noise.layout({n: self._speedproof_checkpoint[n] for n in names})
+        self._speedproof_layout = schemes.layout(scheme, {n: self._speedproof_checkpoint[n] for n in names})
+        self._speedproof_signs = schemes.signs_function(scheme)
         return {"layout": [list(entry) for entry in self._speedproof_layout]}
 
     def _speedproof_reload(self, replaced: dict[str, torch.Tensor]) -> None:
@@ -73,7 +74,8 @@ class PerturbationExtension:
         replaced = {}
         for name, offset, _ in self._speedproof_layout:
             base = self._speedproof_checkpoint[name]
-            replaced[name] = noise.reconstruct_tensor_reference(base, torch.empty_like(base), seed, sigma, offset)
+            replaced[name] = noise.reconstruct_tensor_reference(base, torch.empty_like(base), seed, sigma, offset,
+                                                                self._speedproof_signs)
         self._speedproof_reload(replaced)
 
     @torch.no_grad()

@@ -250,7 +250,8 @@ def load_runtime(cfg: Config, engine: bool = True, perturber: bool = True, progr
             rt.perturber = Perturber(model, p["include"], p["exclude"], p["backend"], scheme=s.noise["scheme"])
             if rt.engine is not None and s.engine == "vllm":
                 from workflow_src.engine.vllm_engine import PairedPerturber
-                rt.perturber = PairedPerturber(rt.perturber, rt.engine.perturber(p["include"], p["exclude"]))
+                rt.perturber = PairedPerturber(rt.perturber, rt.engine.perturber(p["include"], p["exclude"],
+                                                                                   s.noise["scheme"]))
     return rt
 
 

@@ -50,9 +50,6 @@ def population_problems(randopt: dict[str, Any]) -> list[str]:
         if randopt["perturb"]["include"] != ["*"] or randopt["perturb"]["exclude"]:
             problems.append("randopt.noise.scheme: flashopt perturbs every parameter (its offsets run over all of "
                             "them): randopt.perturb.include must be ['*'] and perturb.exclude empty")
-        if randopt["engine"] == "vllm":
-            problems.append("randopt.noise.scheme: flashopt is not implemented in the vllm engine's workers; use "
-                            "engine hf or static")
     return problems
 
 
