@@ -56,6 +56,8 @@ include: "rules/bitwise_common.smk"
 include: "rules/bitwise.smk"
 include: "rules/operators.smk"
 include: "rules/randopt.smk"
+include: "rules/evidence_common.smk"
+include: "rules/evidence.smk"
 include: "rules/manifest.smk"
 
 

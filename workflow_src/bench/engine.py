@@ -44,6 +44,7 @@ import json
 import os
 import platform
 import random
+import statistics
 import time
 
 import torch
@@ -146,12 +147,12 @@ def pin_determinism(mode: str) -> None:
         torch.utils.deterministic.fill_uninitialized_memory = False
 
 
-def timed_generate(engine, prompts, new_tokens, sync, lengths=None) -> dict:
+def timed_generate(engine, prompts, new_tokens, sync, lengths=None, phase: str = "timed") -> dict:
     meter = engine.meter
-    with meter.phase("timed"):
+    with meter.phase(phase):
         out = engine.generate(prompts, new_tokens, lengths=lengths)
     sync()
-    stats = meter.to_dict()["timed"]
+    stats = meter.to_dict()[phase]
     stats["gen_tokens_per_s"] = stats["generated_tokens"] / stats["seconds"]
     return {"completions": out, **stats}
 
@@ -169,7 +170,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="end each completion at a drawn length (engine/length_model.py; e.g. "
                              "histogram:config/lengths/gsm8k-like.csv); default: every completion --new-tokens long")
     parser.add_argument("--seeds", type=int, default=0, help="time a population of this many seeds on the last shape")
-    parser.add_argument("--repeats", type=int, default=1, help="time the population this many times (median, range)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="time each engine's generation and the population this many times (median, range)")
     parser.add_argument("--population-engines", nargs="+", metavar="ENGINE",
                     help="the engines the population runs (default: all of --engines)")
     parser.add_argument("--sigma", type=float, default=1e-3)
@@ -215,8 +217,14 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.engines:
             engine = bench_engine(name, model, tok, args.batch, ThroughputMeter(sync=sync))
             engine.generate(prompts[: args.batch], args.new_tokens)  # warm-up: compilation, graph capture
-            res = timed_generate(engine, prompts, args.new_tokens, sync, lengths)
-            completions = res.pop("completions")
+            runs = [timed_generate(engine, prompts, args.new_tokens, sync, lengths, phase=f"timed{i}")
+                    for i in range(args.repeats)]
+            completions = runs[0]["completions"]
+            rates = [r["gen_tokens_per_s"] for r in runs]
+            res = {k: v for k, v in runs[len(runs) // 2].items() if k != "completions"}
+            res.update(gen_tokens_per_s=statistics.median(rates), gen_tokens_per_s_runs=rates,
+                       gen_tokens_per_s_range=[min(rates), max(rates)], seconds_runs=[r["seconds"] for r in runs])
+            res["seconds"] = statistics.median(res["seconds_runs"])
             if first is None:
                 first = (name, completions, res["gen_tokens_per_s"])
             res["ratio_to_" + first[0]] = res["gen_tokens_per_s"] / first[2]

@@ -4,7 +4,8 @@ refilled as completions end) are exercised at real proportions.
 
     fixed:N             every completion N tokens
     histogram:PATH      lengths drawn from a CSV histogram (header `tokens,count`: a length in tokens and how
-                        often it occurs, counts >= 0, some > 0)
+                        often it occurs, counts >= 0, some > 0); a relative PATH is relative to this
+                        checkout (as config/ is), whatever the working directory
 
 Draws are deterministic in (seed, n): numpy's PCG64 seeded with [seed, 0x1E57], `choice` over the histogram's
 lengths with its counts as weights; the same RandOpt seed gets the same lengths on every engine.
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+CHECKOUT = Path(__file__).resolve().parents[2]
 BUILTIN = {"gsm8k-like": {"mean": 276.0, "sd": 110.0, "cap": 512, "bin": 8},
            "math-like": {"mean": 700.0, "sd": 450.0, "cap": 2048, "bin": 16}}
 
@@ -89,7 +91,8 @@ def parse(spec: str, max_new_tokens: int, setting: str = "lengths") -> LengthMod
             raise LengthModelError(f"{setting}: {spec!r}; a length is at least 1 token")
         model = LengthModel((n,), (1.0,), spec)
     elif kind == "histogram" and value:
-        tokens, counts = read_histogram(value, setting)
+        path = Path(value) if Path(value).is_absolute() else CHECKOUT / value
+        tokens, counts = read_histogram(path, setting)
         model = LengthModel(tuple(tokens), tuple(counts), spec)
     else:
         raise LengthModelError(f"{setting}: {spec!r}; use fixed:N or histogram:PATH")

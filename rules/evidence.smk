@@ -1,0 +1,46 @@
+# Our own claims as targets (docs/CLAIMS.md): each benchmark writes results/evidence/{claim}/record.json (every
+# repeat, the median, the range, the provenance block) and appends its claims to results/claims/CLAIMS.md.
+rule engine_bench_run:
+    input:
+        section=section_file("evidence.engine_bench"),
+        environment="results/env/environment.json",
+    output:
+        bench="results/evidence/engine-bench/bench.json",
+        record="results/evidence/engine-bench/record.json",
+    params:
+        flags=engine_bench_flags,
+        command=evidence_command("engine_bench"),
+    log:
+        "results/logs/evidence/engine_bench.log",
+    benchmark:
+        "results/benchmarks/evidence/engine_bench.tsv"
+    resources:
+        gpu=1,
+    threads: workflow.cores
+    conda:
+        "../envs/speedproof.yaml"
+    shell:
+        "python -m workflow_src.bench.engine {params.flags} --out {output.bench} > {log} 2>&1"
+        " && python -m workflow_src.bench.evidence engine --bench {output.bench} --claim engine-bench"
+        " --command {params.command:q} --environment {input.environment} --config-sections {input.section}"
+        " --out {output.record} >> {log} 2>&1"
+
+
+rule claims_append:
+    input:
+        "results/evidence/{claim}/record.json",
+    output:
+        "results/evidence/{claim}/record.appended",
+    log:
+        "results/logs/evidence/{claim}_ledger.log",
+    conda:
+        "../envs/speedproof.yaml"
+    shell:
+        "python -m workflow_src.report.claims append --record {input} --md results/claims/CLAIMS.md"
+        " --csv results/claims/claims.csv --marker {output} 2> {log}"
+
+
+# The engine comparison and the population's seeds/s at real proportions, in the ledger.
+rule engine_bench:
+    input:
+        "results/evidence/engine-bench/record.appended",

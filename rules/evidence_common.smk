@@ -1,0 +1,20 @@
+# Helpers of the evidence rules (rules/evidence.smk, docs/CLAIMS.md).
+import shlex
+
+
+def evidence_command(target):
+    """The command that reproduces a record: this target under this run's config files."""
+    files = [f for f in workflow.config_settings.configfiles if not str(f).endswith("config/config.yaml")]
+    return " ".join(["snakemake --cores all", target] + [f"--configfile {f}" for f in files])
+
+
+def engine_bench_flags(wildcards):
+    s = config["evidence"]["engine_bench"]
+    flags = ["--shapes", *s["shapes"], "--engines", *s["engines"], "--prompts", s["prompts"], "--prompt-chars",
+             s["prompt_chars"], "--new-tokens", s["new_tokens"], "--batch", s["batch"], "--seeds", s["seeds"],
+             "--repeats", s["repeats"], "--device", s["device"]]
+    if s["lengths"] is not None:
+        flags += ["--lengths", s["lengths"]]
+    if s["tiny"]:
+        flags.append("--tiny")
+    return " ".join(shlex.quote(str(f)) for f in flags)

@@ -1,0 +1,83 @@
+"""Our own claims as evidence: a benchmark's output becomes a record with repeats and provenance
+(bench/evidence.py), the ledger is built and appended from records only (report/claims.py), a record
+without provenance is refused, and the engine_bench target does it all in a real workflow run."""
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+from workflow_src.bench import evidence
+from workflow_src.report import claims
+
+BENCH = ["--tiny", "--shapes", "0.5B", "--engines", "static", "--prompts", "4", "--prompt-chars", "10",
+         "--new-tokens", "6", "--batch", "4", "--seeds", "2", "--repeats", "3", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def bench_json(tmp_path_factory):
+    from workflow_src.bench.engine import main
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    main(BENCH + ["--lengths", "fixed:4", "--out", str(out)])
+    return out
+
+
+def record(tmp_path, bench_json, name):
+    out = tmp_path / name / "record.json"
+    evidence.main(["engine", "--bench", str(bench_json), "--claim", name, "--command", f"make {name}",
+                   "--out", str(out)])
+    return out
+
+
+def test_a_record_holds_every_repeat_its_median_range_and_provenance(tmp_path, bench_json):
+    rec = json.loads(record(tmp_path, bench_json, "tiny").read_text())
+    assert rec["format"] == claims.FORMAT and rec["provenance"]["git"]["commit"] and rec["provenance"]["sources_sha256"]
+    by_id = {c["id"]: c for c in rec["claims"]}
+    rate = by_id["tiny.0.5B.static.gen_tokens_per_s"]
+    assert rate["repeats"] == 3 and rate["min"] <= rate["median"] <= rate["max"] and len(rate["values"]) == 3
+    seeds = by_id["tiny.0.5B.static.population_seeds_per_s"]
+    assert seeds["unit"] == "seeds/s" and seeds["repeats"] == 3 and "speedrun's clock" in seeds["what"]
+    assert rec["raw"]["args"]["lengths"] == "fixed:4"
+
+
+def test_the_ledger_comes_from_records_and_refuses_one_without_provenance(tmp_path, bench_json):
+    a, b = record(tmp_path, bench_json, "first"), record(tmp_path, bench_json, "second")
+    rows = claims.build([a, b])
+    assert {r["record"] for r in rows} == {str(a), str(b)} and len(rows) == 2 * len(json.loads(a.read_text())["claims"])
+    md, csv_path = tmp_path / "CLAIMS.md", tmp_path / "claims.csv"
+    claims.main(["build", str(a), str(b), "--md", str(md), "--csv", str(csv_path)])
+    text = md.read_text()
+    assert "`first.0.5B.static.gen_tokens_per_s`" in text and "make second" in text and "never edited by hand" in text
+    bare = tmp_path / "bare.json"
+    doc = json.loads(a.read_text())
+    doc.pop("provenance")
+    bare.write_text(json.dumps(doc))
+    with pytest.raises(claims.LedgerError, match="no provenance"):
+        claims.build([a, bare])
+    with pytest.raises(SystemExit, match="no provenance"):
+        claims.main(["append", "--record", str(bare), "--md", str(md), "--csv", str(csv_path)])
+    with pytest.raises(claims.LedgerError, match="is in"):
+        claims.build([a, a])
+    # append replaces a record's own rows and keeps the others
+    ledger_md, ledger_csv = tmp_path / "l" / "CLAIMS.md", tmp_path / "l" / "claims.csv"
+    for path in (a, b, a):
+        claims.append(path, ledger_md, ledger_csv)
+    assert len(ledger_csv.read_text().splitlines()) == 1 + len(rows)
+
+
+@pytest.mark.workflow
+def test_engine_bench_target_writes_the_record_and_the_ledger(tmp_path):
+    cfg = tmp_path / "bench.yaml"
+    cfg.write_text(json.dumps({"evidence": {"engine_bench": {
+        "tiny": True, "device": "cpu", "shapes": ["0.5B"], "prompts": 4, "prompt_chars": 10, "new_tokens": 6,
+        "batch": 4, "seeds": 2, "repeats": 2, "lengths": "fixed:4"}}}))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+                           "--cores", "2", "engine_bench", "--configfile", str(cfg)], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rec = json.loads((tmp_path / "results/evidence/engine-bench/record.json").read_text())
+    assert rec["command"] == f"snakemake --cores all engine_bench --configfile {cfg}"
+    assert "evidence.engine_bench" in rec["provenance"]["config_sections"]
+    ledger = (tmp_path / "results/claims/CLAIMS.md").read_text()
+    assert all(f"`{c['id']}`" in ledger for c in rec["claims"])

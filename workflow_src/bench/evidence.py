@@ -1,0 +1,113 @@
+"""Evidence records of our own claims: a benchmark's raw output turned into `record.json` (format
+`speedproof.evidence/1`) with the claims it supports, each with every repeat's value, the median and the range,
+and the provenance block every other artifact carries (docs/design.md §2). The claims ledger
+(`workflow_src/report/claims.py`) is built from these records and nothing else.
+
+    python -m workflow_src.bench.evidence engine --bench results/evidence/engine-bench/bench.json \\
+        --environment results/env/environment.json --config-sections results/config/evidence.engine_bench.json \\
+        --claim engine-bench --command "snakemake --cores all engine_bench ..." --out results/evidence/engine-bench/record.json
+
+Kinds: `engine` (workflow_src/bench/engine.py's JSON): per shape and engine, generated tokens/s and its share of
+the roofline floor; for the population, seeds/s on the RandOpt speedrun's clock and its share of the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from workflow_src.provenance.atomic import atomic_write_json
+from workflow_src.provenance.stamp import provenance
+from workflow_src.report.claims import FORMAT
+
+
+def claim(claim_id: str, what: str, unit: str, values: Sequence[float]) -> dict[str, Any]:
+    """One claim: every repeat's value, the median and the range (never a best case)."""
+    values = [float(v) for v in values]
+    if not values:
+        raise ValueError(f"claim {claim_id}: no values")
+    return {"id": claim_id, "what": what, "unit": unit, "values": values, "median": statistics.median(values),
+            "min": min(values), "max": max(values), "repeats": len(values)}
+
+
+def device_summary(environment: Mapping[str, Any] | None) -> str:
+    if not environment:
+        return "unknown"
+    models = list((environment.get("gpu") or {}).get("models") or [])
+    if models:
+        return " + ".join(f"{models.count(m)}×{m}" for m in sorted(set(models)))
+    cpu = environment.get("cpu") or {}
+    return f"CPU {cpu.get('model', 'unknown')} ({environment.get('usable_cores') or cpu.get('logical_cores')} cores)"
+
+
+def engine_claims(prefix: str, bench: Mapping[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    args = bench["args"]
+    lengths = args.get("lengths") or f"every completion {args['new_tokens']} tokens"
+    workload = f"{args['prompts']} prompts of ~{args['prompt_chars']} tokens, up to {args['new_tokens']} new ({lengths})"
+    for shape, row in sorted(bench["shapes"].items()):
+        for name, e in sorted(row["engines"].items()):
+            rates = e.get("gen_tokens_per_s_runs") or [e["gen_tokens_per_s"]]
+            floor_s = row["floor"]["seconds"]
+            out.append(claim(f"{prefix}.{shape}.{name}.gen_tokens_per_s",
+                             f"{name} engine generation at the {shape} shape, random weights, {workload}",
+                             "gen-tok/s", rates))
+            out.append(claim(f"{prefix}.{shape}.{name}.share_of_floor",
+                             f"{name} engine generation at {shape}: the roofline floor's seconds over its own",
+                             "share", [floor_s / s for s in e.get("seconds_runs") or [e["seconds"]]]))
+    pop = bench.get("population")
+    if pop:
+        shape = args["shapes"][-1]  # the population runs on the last shape
+        for name, e in sorted(pop["engines"].items()):
+            key = e["statistic"]
+            out.append(claim(f"{prefix}.{shape}.{name}.population_seeds_per_s",
+                             f"RandOpt population of {pop['seeds']} seeds at {shape} on the {name} engine, "
+                             f"{workload}: seeds/s by the speedrun's clock (switch, generation, grading)"
+                             + (", after the first seed" if key == "seeds_per_s_after_first" else ""),
+                             "seeds/s", [r[key] for r in e["runs"]]))
+            shares = [r["share_of_floor"] for r in e["runs"] if "share_of_floor" in r]
+            if shares:
+                out.append(claim(f"{prefix}.{shape}.{name}.population_share_of_floor",
+                                 f"the same population's seeds/s over the single-seed roofline floor's "
+                                 f"({pop['floor_seeds_per_s']:.3f} seeds/s)", "share", shares))
+    return out
+
+
+KINDS = {"engine": engine_claims}
+
+
+def build_record(kind: str, claim_name: str, raw: Mapping[str, Any], prov: Mapping[str, Any],
+                 environment: Mapping[str, Any] | None, command: str, date: str | None = None) -> dict[str, Any]:
+    if kind not in KINDS:
+        raise ValueError(f"evidence kind {kind!r}; known: {sorted(KINDS)}")
+    return {"format": FORMAT, "claim": claim_name, "kind": kind,
+            "date": date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "device": device_summary(environment), "command": command,
+            "claims": KINDS[kind](claim_name, raw), "raw": raw, "provenance": dict(prov)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("kind", choices=sorted(KINDS))
+    parser.add_argument("--bench", type=Path, required=True, help="the benchmark's JSON output")
+    parser.add_argument("--claim", required=True, help="the record's name, the prefix of its claims' ids")
+    parser.add_argument("--command", required=True, help="the command that reproduces the record")
+    parser.add_argument("--environment")
+    parser.add_argument("--config-sections", nargs="*", default=[])
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    environment = json.loads(Path(args.environment).read_text()) if args.environment else None
+    rec = build_record(args.kind, args.claim, json.loads(args.bench.read_text()),
+                       provenance(args.config_sections, None, args.environment), environment, args.command)
+    atomic_write_json(args.out, rec)
+    for c in rec["claims"]:
+        print(f"{c['id']}: {c['median']:.4g} {c['unit']} ({c['min']:.4g} … {c['max']:.4g}, {c['repeats']} runs)")
+
+
+if __name__ == "__main__":
+    main()

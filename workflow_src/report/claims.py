@@ -1,0 +1,142 @@
+"""The claims ledger: one row per claim of every evidence record (`speedproof.evidence/1`, written by
+`workflow_src/bench/evidence.py`), never typed. A row says what is claimed, the median and the range over the
+record's repeats, the unit, the device, the date and commit, the command that reproduces it and the sha256 of
+the record it comes from. A record without a provenance block (git commit, source hashes) is refused.
+
+    python -m workflow_src.report.claims build docs/evidence/*/record.json --md docs/CLAIMS.md --csv docs/claims.csv
+    python -m workflow_src.report.claims append --record results/evidence/X/record.json \\
+        --md results/claims/CLAIMS.md --csv results/claims/claims.csv
+
+`append` replaces the rows of the record's claims (by claim id) and keeps the others, under a file lock, as the
+workflow's records table does; `build` writes the ledger of the given records alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from workflow_src.provenance.atomic import atomic_write_text
+from workflow_src.provenance.hashing import sha256_file
+
+FORMAT = "speedproof.evidence/1"
+FIELDS = ("claim", "what", "value", "min", "max", "unit", "repeats", "device", "date", "commit", "dirty", "command",
+          "record", "record_sha256")
+
+
+class LedgerError(ValueError):
+    """A record the ledger cannot take; the message names the file."""
+
+
+def read_record(path: str | Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise LedgerError(f"{path}: not a readable JSON record ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise LedgerError(f"{path}: not an evidence record (format {FORMAT})")
+    prov = doc.get("provenance")
+    if not isinstance(prov, dict) or not (prov.get("git") or {}).get("commit") or not prov.get("sources_sha256"):
+        raise LedgerError(f"{path}: no provenance block (git commit and source hashes): a figure without its "
+                          "provenance is not evidence")
+    if not doc.get("claims"):
+        raise LedgerError(f"{path}: claims no figure")
+    return doc
+
+
+def rows_of(path: str | Path, doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    git = doc["provenance"]["git"]
+    sha = sha256_file(path)
+    return [{"claim": c["id"], "what": c["what"], "value": c["median"], "min": c["min"], "max": c["max"],
+             "unit": c["unit"], "repeats": c["repeats"], "device": doc.get("device"), "date": doc.get("date"),
+             "commit": git["commit"], "dirty": bool(git.get("dirty")), "command": doc.get("command"),
+             "record": str(path), "record_sha256": sha} for c in doc["claims"]]
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.3g}" if abs(v) < 1 else f"{v:,.3f}" if abs(v) < 100 else f"{v:,.0f}"
+
+
+def render_md(rows: Sequence[Mapping[str, Any]]) -> str:
+    lines = ["# Claims ledger", "",
+             "Generated from evidence records by `python -m workflow_src.report.claims`; never edited by hand. Each "
+             "value is the median over the record's repeats, with the range.", "",
+             "| claim | what | value | range | unit | runs | device | date | commit | reproduce | record sha256 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        commit = r["commit"][:10] + (" (dirty)" if r["dirty"] in (True, "True", "true") else "")
+        lines.append(f"| `{r['claim']}` | {r['what']} | {_fmt(float(r['value']))} | {_fmt(float(r['min']))} … "
+                     f"{_fmt(float(r['max']))} | {r['unit']} | {r['repeats']} | {r['device']} | {str(r['date'])[:10]} | "
+                     f"`{commit}` | `{r['command']}` | `{r['record_sha256'][:16]}` |")
+    return "\n".join(lines) + "\n"
+
+
+def render_csv(rows: Iterable[Mapping[str, Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=FIELDS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: r[k] for k in FIELDS} for r in rows)
+    return buf.getvalue()
+
+
+def build(records: Sequence[str | Path]) -> list[dict[str, Any]]:
+    rows = [row for path in records for row in rows_of(path, read_record(path))]
+    seen: dict[str, str] = {}
+    for r in rows:
+        if r["claim"] in seen:
+            raise LedgerError(f"claim {r['claim']} is in {seen[r['claim']]} and {r['record']}")
+        seen[r["claim"]] = r["record"]
+    return sorted(rows, key=lambda r: r["claim"])
+
+
+def append(record: str | Path, md: str | Path, csv_path: str | Path) -> int:
+    """The record's rows in place of the rows of the same claims; returns how many rows it put."""
+    import filelock
+    new = rows_of(record, read_record(record))
+    csv_path = Path(csv_path)
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(csv_path.with_name(f".{csv_path.name}.lock")):
+        old = list(csv.DictReader(io.StringIO(csv_path.read_text()))) if csv_path.exists() else []
+        ids = {r["claim"] for r in new}
+        rows = sorted([r for r in old if r["claim"] not in ids] + new, key=lambda r: r["claim"])
+        atomic_write_text(csv_path, render_csv(rows))
+        atomic_write_text(md, render_md(rows))
+    return len(new)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="the ledger of these records alone")
+    b.add_argument("records", nargs="+")
+    b.add_argument("--md", required=True)
+    b.add_argument("--csv", required=True)
+    a = sub.add_parser("append", help="put one record's claims into a ledger")
+    a.add_argument("--record", required=True)
+    a.add_argument("--md", required=True)
+    a.add_argument("--csv", required=True)
+    a.add_argument("--marker", help="write the record's sha256 here once appended (the workflow's output)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "build":
+            rows = build(args.records)
+            atomic_write_text(args.csv, render_csv(rows))
+            atomic_write_text(args.md, render_md(rows))
+            print(f"claims ledger: {len(rows)} claims from {len(args.records)} records", file=sys.stderr)
+        else:
+            n = append(args.record, args.md, args.csv)
+            if args.marker:
+                atomic_write_text(args.marker, sha256_file(args.record) + "\n")
+            print(f"claims ledger: {n} claims of {args.record} in {args.md}", file=sys.stderr)
+    except LedgerError as e:
+        raise SystemExit(f"claims: {e}") from None
+
+
+if __name__ == "__main__":
+    main()
