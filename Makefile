@@ -9,7 +9,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: run test report lint clean-results vllm-env vllm-gpu-env
+.PHONY: run test report lint claims clean-results vllm-env vllm-gpu-env
 
 $(STAMP): requirements.txt requirements-lock.txt
 	python3 -m venv $(VENV)
@@ -51,6 +51,10 @@ lint: $(STAMP)
 	snakemake --lint
 	ruff check .
 	lint-imports
+
+# The project's own claims ledger, generated from the evidence records kept in docs/evidence/ (never typed).
+claims: $(STAMP)
+	$(PY) -m workflow_src.report.claims build docs/evidence/*/record.json --md docs/CLAIMS.md --csv docs/claims.csv
 
 clean-results:
 	rm -rf results .snakemake

@@ -81,3 +81,12 @@ def test_engine_bench_target_writes_the_record_and_the_ledger(tmp_path):
     assert "evidence.engine_bench" in rec["provenance"]["config_sections"]
     ledger = (tmp_path / "results/claims/CLAIMS.md").read_text()
     assert all(f"`{c['id']}`" in ledger for c in rec["claims"])
+
+
+def test_the_shipped_ledger_is_generated_from_the_shipped_records(monkeypatch):
+    monkeypatch.chdir(REPO)
+    records = sorted(str(p.relative_to(REPO)) for p in (REPO / "docs/evidence").glob("*/record.json"))
+    assert records, "docs/evidence holds no record"
+    rows = claims.build(records)
+    assert (REPO / "docs/CLAIMS.md").read_text() == claims.render_md(rows), "docs/CLAIMS.md is stale: make claims"
+    assert (REPO / "docs/claims.csv").read_text() == claims.render_csv(rows), "docs/claims.csv is stale: make claims"
