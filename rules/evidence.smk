@@ -26,6 +26,45 @@ rule engine_bench_run:
         " --out {output.record} >> {log} 2>&1"
 
 
+rule switch_bench_run:
+    input:
+        section=section_file("evidence.switch_bench"),
+    output:
+        "results/evidence/switch-bench/run{i}.json",
+    params:
+        shapes=lambda w: " ".join(config["evidence"]["switch_bench"]["shapes"]),
+        switches=lambda w: config["evidence"]["switch_bench"]["switches"],
+    log:
+        "results/logs/evidence/switch_bench_run{i}.log",
+    resources:
+        gpu=1,
+    threads: workflow.cores
+    conda:
+        "../envs/speedproof.yaml"
+    shell:
+        "python -m workflow_src.bench.perturb --shapes {params.shapes} --variants words --sweep-numel 0"
+        " --repeats {params.switches} --out {output} > {log} 2>&1"
+
+
+rule switch_bench_record:
+    input:
+        runs=switch_bench_runs(),
+        section=section_file("evidence.switch_bench"),
+        environment="results/env/environment.json",
+    output:
+        "results/evidence/switch-bench/record.json",
+    params:
+        command=evidence_command("switch_bench"),
+    log:
+        "results/logs/evidence/switch_bench_record.log",
+    conda:
+        "../envs/speedproof.yaml"
+    shell:
+        "python -m workflow_src.bench.evidence switch --bench {input.runs} --claim switch-bench"
+        " --command {params.command:q} --environment {input.environment} --config-sections {input.section}"
+        " --out {output} > {log} 2>&1"
+
+
 rule claims_append:
     input:
         "results/evidence/{claim}/record.json",
@@ -44,3 +83,9 @@ rule claims_append:
 rule engine_bench:
     input:
         "results/evidence/engine-bench/record.appended",
+
+
+# The RandOpt weight switch at real sizes, in the ledger.
+rule switch_bench:
+    input:
+        "results/evidence/switch-bench/record.appended",

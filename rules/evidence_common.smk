@@ -18,3 +18,7 @@ def engine_bench_flags(wildcards):
     if s["tiny"]:
         flags.append("--tiny")
     return " ".join(shlex.quote(str(f)) for f in flags)
+
+
+def switch_bench_runs():
+    return [f"results/evidence/switch-bench/run{i + 1}.json" for i in range(config["evidence"]["switch_bench"]["runs"])]

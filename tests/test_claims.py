@@ -38,7 +38,7 @@ def test_a_record_holds_every_repeat_its_median_range_and_provenance(tmp_path, b
     assert rate["repeats"] == 3 and rate["min"] <= rate["median"] <= rate["max"] and len(rate["values"]) == 3
     seeds = by_id["tiny.0.5B.static.population_seeds_per_s"]
     assert seeds["unit"] == "seeds/s" and seeds["repeats"] == 3 and "speedrun's clock" in seeds["what"]
-    assert rec["raw"]["args"]["lengths"] == "fixed:4"
+    assert rec["raw"][0]["args"]["lengths"] == "fixed:4"
 
 
 def test_the_ledger_comes_from_records_and_refuses_one_without_provenance(tmp_path, bench_json):
@@ -90,3 +90,18 @@ def test_the_shipped_ledger_is_generated_from_the_shipped_records(monkeypatch):
     rows = claims.build(records)
     assert (REPO / "docs/CLAIMS.md").read_text() == claims.render_md(rows), "docs/CLAIMS.md is stale: make claims"
     assert (REPO / "docs/claims.csv").read_text() == claims.render_csv(rows), "docs/claims.csv is stale: make claims"
+
+
+def switch_run(ms, equal=True):
+    return {"sets": [{"label": "Qwen2.5-7B shapes", "fused_graph_ms": ms, "fused_graph_ms_all": [ms] * 20,
+                      "graph_fraction_of_copy_bandwidth": 8.0 / ms, "graph_reference_equal": equal,
+                      "gpu_reference_equal": True}]}
+
+
+def test_switch_claims_take_each_runs_median_and_refuse_wrong_bits():
+    got = {c["id"]: c for c in evidence.switch_claims("sw", [switch_run(8.7), switch_run(8.2), switch_run(8.9)])}
+    ms = got["sw.Qwen2.5-7B_shapes.switch_ms"]
+    assert ms["values"] == [8.7, 8.2, 8.9] and ms["median"] == 8.7 and (ms["min"], ms["max"]) == (8.2, 8.9)
+    assert got["sw.Qwen2.5-7B_shapes.share_of_copy"]["median"] == pytest.approx(8.0 / 8.7)
+    with pytest.raises(ValueError, match="bits differ"):
+        evidence.switch_claims("sw", [switch_run(8.7), switch_run(8.0, equal=False)])

@@ -9,6 +9,8 @@ and the provenance block every other artifact carries (docs/design.md §2). The 
 
 Kinds: `engine` (workflow_src/bench/engine.py's JSON): per shape and engine, generated tokens/s and its share of
 the roofline floor; for the population, seeds/s on the RandOpt speedrun's clock and its share of the floor.
+`switch` (workflow_src/bench/perturb.py's JSONs, one per run): the weight switch's ms and share of the copy
+bandwidth per parameter set.
 """
 
 from __future__ import annotations
@@ -78,23 +80,51 @@ def engine_claims(prefix: str, bench: Mapping[str, Any]) -> list[dict[str, Any]]
     return out
 
 
-KINDS = {"engine": engine_claims}
+def switch_claims(prefix: str, runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """workflow_src/bench/perturb.py run back to back: each run's median switch of the captured graph (what the
+    CUDA Perturber replays) and its share of that run's measured copy bandwidth, per parameter set. A run whose
+    graph did not reproduce the reference's bits is refused: a fast wrong switch is no claim."""
+    out = []
+    labels = [r["label"] for r in runs[0]["sets"]]
+    for label in labels:
+        sets = [next(x for x in run["sets"] if x["label"] == label) for run in runs]
+        bad = [i for i, x in enumerate(sets) if not (x["graph_reference_equal"] and x["gpu_reference_equal"])]
+        if bad:
+            raise ValueError(f"switch bench runs {bad}: {label}: the switch's bits differ from the reference")
+        key = label.replace(" ", "_")
+        out.append(claim(f"{prefix}.{key}.switch_ms", f"RandOpt weight switch at {label} (bf16, one captured graph "
+                         f"from the resident base), median of {len(sets[0]['fused_graph_ms_all'])}"
+                         " switches a run", "ms", [x["fused_graph_ms"] for x in sets]))
+        out.append(claim(f"{prefix}.{key}.share_of_copy", "the same switch's bytes (4 a parameter) over the time, as "
+                         "a share of the run's measured device-to-device copy bandwidth", "share",
+                         [x["graph_fraction_of_copy_bandwidth"] for x in sets]))
+    return out
 
 
-def build_record(kind: str, claim_name: str, raw: Mapping[str, Any], prov: Mapping[str, Any],
+def _engine(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    if len(raws) != 1:
+        raise ValueError("the engine bench repeats inside one run: give one --bench file")
+    return engine_claims(prefix, raws[0])
+
+
+KINDS = {"engine": _engine, "switch": switch_claims}
+
+
+def build_record(kind: str, claim_name: str, raws: Sequence[Mapping[str, Any]], prov: Mapping[str, Any],
                  environment: Mapping[str, Any] | None, command: str, date: str | None = None) -> dict[str, Any]:
     if kind not in KINDS:
         raise ValueError(f"evidence kind {kind!r}; known: {sorted(KINDS)}")
     return {"format": FORMAT, "claim": claim_name, "kind": kind,
             "date": date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "device": device_summary(environment), "command": command,
-            "claims": KINDS[kind](claim_name, raw), "raw": raw, "provenance": dict(prov)}
+            "claims": KINDS[kind](claim_name, raws), "raw": list(raws), "provenance": dict(prov)}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("kind", choices=sorted(KINDS))
-    parser.add_argument("--bench", type=Path, required=True, help="the benchmark's JSON output")
+    parser.add_argument("--bench", type=Path, nargs="+", required=True,
+                        help="the benchmark's JSON output (switch: one per run, run back to back)")
     parser.add_argument("--claim", required=True, help="the record's name, the prefix of its claims' ids")
     parser.add_argument("--command", required=True, help="the command that reproduces the record")
     parser.add_argument("--environment")
@@ -102,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     environment = json.loads(Path(args.environment).read_text()) if args.environment else None
-    rec = build_record(args.kind, args.claim, json.loads(args.bench.read_text()),
+    rec = build_record(args.kind, args.claim, [json.loads(p.read_text()) for p in args.bench],
                        provenance(args.config_sections, None, args.environment), environment, args.command)
     atomic_write_json(args.out, rec)
     for c in rec["claims"]:
