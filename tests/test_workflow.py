@@ -31,7 +31,7 @@ TINY = {
                 "vote": {"bootstrap_resamples": 200}, "bpb": {"chunk_tokens": 64}},
     "heldout_text": {"synthetic": {"documents": 4}},
 }
-SPINE = {"config_section": 15, "environment": 1, "reward_environment": 1, "checkpoint": 1, "pretraining_curve": 1,
+SPINE = {"config_section": 16, "environment": 1, "reward_environment": 1, "checkpoint": 1, "pretraining_curve": 1,
          "speedup_launch": 2, "speedup_next_launch": 4, "paired_speedup": 2, "deterministic_run": 4, "bitwise_compare": 3, "bitwise_summary": 1,
          "operator_checks": 1, "experiment_manifest": 1, "all": 1,
          "heldout_text": 1, "randopt_base": 1, "randopt_population": 2, "randopt_gather": 1, "randopt_topk_answers": 1,
