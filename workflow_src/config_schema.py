@@ -29,13 +29,13 @@ class ConfigError(ValueError):
 
 
 @functools.cache
-def _schema_text() -> str:
-    return SCHEMA_FILE.read_text()
+def _parsed_schema() -> dict[str, Any]:
+    return yaml.safe_load(SCHEMA_FILE.read_text())
 
 
 def schema() -> dict[str, Any]:
     """The whole schema (a fresh copy: callers may change it)."""
-    return yaml.safe_load(_schema_text())
+    return copy.deepcopy(_parsed_schema())
 
 
 def resolve_ref(root: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
