@@ -12,7 +12,7 @@ captured as a CUDA graph and replayed (`check_fused_gpu.graph_timed_ms`; wall cl
 kernel is interpreted and the times mean nothing). Per launch: ms, GB/s of keys and values read, the
 largest difference from the fp32 reference, whether two calls give equal bits, and its speed against SDPA;
 per position, the fastest launch; and the repeatable launches ranked by their total over the positions
-(`ranking`, each as `block_n/num_warps/num_stages/splits`, the form `engine.bench`'s `launch=` takes). The
+(`ranking`, each as `block_n/num_warps/num_stages/splits`, the form `bench.engine`'s `launch=` takes). The
 engine's default launch is `decode_attention.DEFAULT_LAUNCH`.
 """
 

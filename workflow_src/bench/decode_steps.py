@@ -3,7 +3,7 @@
     python -m workflow_src.bench.decode_steps --out steps.json [--shape 7B] [--variants plain fused packed
         fused+packed] [--batch 128] [--prompt-chars 200] [--new-tokens 512] [--reps 50] [--tiny]
 
-`engine.bench` times whole generations, prefill included; this times the decode step alone. On a model with
+`bench.engine` times whole generations, prefill included; this times the decode step alone. On a model with
 seeded random weights (`bench.random_model`), for each variant of `SlotDecoder` (`plain`; `fused`: the fused
 RMSNorm / RoPE / SiLU×up kernels; `packed`: q/k/v and gate/up as one GEMM each; `triton`: the decode
 attention kernel in place of SDPA; parts joined by `+`), it prefills

@@ -12,7 +12,7 @@ up (compilation, graph capture) and once timed; the record has generated tokens/
 the first engine, and how many completions agree with the first engine's (on random weights greedy picks
 among near-equal logits, so agreement here says little; the CPU tests measure it on a trained model).
 `--seeds N` then times a RandOpt population on the last shape: per seed, the fused weight switch
-(`randopt.perturb.Perturber`) and the generation of all prompts with each engine (or those named by
+(`engine.perturber.Perturber`) and the generation of all prompts with each engine (or those named by
 `--population-engines`); seeds/s = N / seconds, and the seconds of each seed (the first also captures the
 new engine's graphs).
 Beside the engines, the device's copy bandwidth and matrix rate are measured (`roofline.ceilings`), and each

@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.variants = [DEFAULT_VARIANT] + [v for v in dict.fromkeys(args.variants) if v != DEFAULT_VARIANT]
     if not torch.cuda.is_available():
-        raise SystemExit("bench_perturb needs a CUDA device")
+        raise SystemExit("bench.perturb needs a CUDA device")
     t0 = time.time()
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy": copy_bandwidth("cuda"), "sets": []}
     import triton

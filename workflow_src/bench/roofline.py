@@ -4,7 +4,7 @@ prefill's GEMM arithmetic at that rate.
 
     python -m workflow_src.bench.roofline [--device cuda] [--dtype bfloat16] [--out ceilings.json]
 
-measures the two ceilings alone (`ceilings`); `engine.bench` measures them beside its engines and puts each
+measures the two ceilings alone (`ceilings`); `bench.engine` measures them beside its engines and puts each
 engine's tokens/s and seeds/s against the floor of its own workload (`generation_work`, `floor`).
 
 What the floor counts, for `prompts` of known lengths, `max_new_tokens` and `slots` (every completion runs to

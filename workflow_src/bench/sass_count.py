@@ -11,7 +11,7 @@ pipe for each (Hopper: the integer ALU and the multiply pipe issue 16 lanes per 
 instructions per element bound the elements per clock), and the global loads and stores with their widths.
 
 Why: at memory speed the kernel has ~25 issue slots per element on an H200; counting tells which variant can
-get there without a GPU at hand (docs/randopt-noise.md). A count is not a timing: bench_perturb times them.
+get there without a GPU at hand (docs/randopt-noise.md). A count is not a timing: bench/perturb.py times them.
 """
 
 from __future__ import annotations

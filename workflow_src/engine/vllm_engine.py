@@ -7,7 +7,7 @@
 
 vLLM loads the checkpoint itself (it does not wrap a transformers model): the perturbations go through
 the worker extension of `engine/vllm_worker.py`, which rebuilds each perturbed tensor from the base
-exactly as `randopt.perturb.Perturber` does. Prefix caching is off: cached prompt keys and values
+exactly as `engine.perturber.Perturber` does. Prefix caching is off: cached prompt keys and values
 would otherwise outlive a weight change. CUDA graphs are allowed on a GPU (weights are copied into the
 captured parameters in place); on the CPU the model runs eagerly.
 
@@ -90,7 +90,7 @@ class VLLMEngine:
 
 
 class WorkerPerturber(LaidOut):
-    """`randopt.perturb.Perturber`'s interface (apply, restore_base, describe) over the workers."""
+    """`engine.perturber.Perturber`'s interface (apply, restore_base, describe) over the workers."""
 
     def __init__(self, llm, include: list[str], exclude: list[str], scheme: str = "speedproof"):
         self.llm, self.scheme = llm, scheme

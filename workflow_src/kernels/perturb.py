@@ -33,7 +33,7 @@ from workflow_src.kernels.common import DTYPES, Case
 from workflow_src.kernels.triton_common import jit_in_mode, resolve_interpret
 from workflow_src.noise import speedproof as noise
 
-# The launch the Perturber's graph uses: the fastest of bench_perturb's sweep of the `words` variant on the
+# The launch the Perturber's graph uses: the fastest of bench/perturb.py's sweep of the `words` variant on the
 # H200, within a few per cent of 1024/2 and 4096/4 (docs/benchmarks/2026-12-01-h200-words-and-rmsnorm.md).
 BLOCK = 2048
 NUM_WARPS = 4
@@ -507,7 +507,7 @@ class SwitchGraph:
 
 def reconstruct_reference(base: torch.Tensor, target: torch.Tensor, seed: int, sigma: float,
                           offset: int) -> torch.Tensor:
-    """The torch reference (randopt.noise), same signature as reconstruct_triton."""
+    """The torch reference (noise/speedproof.py), same signature as reconstruct_triton."""
     return noise.reconstruct_tensor_reference(base, target, seed, sigma, offset)
 
 
