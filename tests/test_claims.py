@@ -11,16 +11,26 @@ from conftest import REPO
 from workflow_src.bench import evidence
 from workflow_src.report import claims
 
-BENCH = ["--tiny", "--shapes", "0.5B", "--engines", "static", "--prompts", "4", "--prompt-chars", "10",
-         "--new-tokens", "6", "--batch", "4", "--seeds", "2", "--repeats", "3", "--device", "cpu"]
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    """The engine_bench target in a real workflow run on the CPU (tiny shapes, a length model, repeats)."""
+    work = tmp_path_factory.mktemp("engine_bench")
+    cfg = work / "bench.yaml"
+    cfg.write_text(json.dumps({"evidence": {"engine_bench": {
+        "tiny": True, "device": "cpu", "shapes": ["0.5B"], "prompts": 4, "prompt_chars": 10, "new_tokens": 6,
+        "batch": 4, "seeds": 2, "repeats": 3, "lengths": "fixed:4"}}}))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(work),
+                           "--cores", "2", "engine_bench", "--configfile", str(cfg)], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {"dir": work, "config": cfg, "bench": work / "results/evidence/engine-bench/bench.json",
+            "record": work / "results/evidence/engine-bench/record.json"}
 
 
 @pytest.fixture(scope="module")
-def bench_json(tmp_path_factory):
-    from workflow_src.bench.engine import main
-    out = tmp_path_factory.mktemp("bench") / "bench.json"
-    main(BENCH + ["--lengths", "fixed:4", "--out", str(out)])
-    return out
+def bench_json(bench_run):
+    return bench_run["bench"]
 
 
 def record(tmp_path, bench_json, name):
@@ -67,20 +77,20 @@ def test_the_ledger_comes_from_records_and_refuses_one_without_provenance(tmp_pa
 
 
 @pytest.mark.workflow
-def test_engine_bench_target_writes_the_record_and_the_ledger(tmp_path):
-    cfg = tmp_path / "bench.yaml"
-    cfg.write_text(json.dumps({"evidence": {"engine_bench": {
-        "tiny": True, "device": "cpu", "shapes": ["0.5B"], "prompts": 4, "prompt_chars": 10, "new_tokens": 6,
-        "batch": 4, "seeds": 2, "repeats": 2, "lengths": "fixed:4"}}}))
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-                           "--cores", "2", "engine_bench", "--configfile", str(cfg)], capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rec = json.loads((tmp_path / "results/evidence/engine-bench/record.json").read_text())
-    assert rec["command"] == f"snakemake --cores all engine_bench --configfile {cfg}"
+def test_engine_bench_target_writes_the_record_and_the_ledger(bench_run):
+    rec = json.loads(bench_run["record"].read_text())
+    assert rec["command"] == f"snakemake --cores all engine_bench --configfile {bench_run['config']}"
     assert "evidence.engine_bench" in rec["provenance"]["config_sections"]
-    ledger = (tmp_path / "results/claims/CLAIMS.md").read_text()
+    ledger = (bench_run["dir"] / "results/claims/CLAIMS.md").read_text()
     assert all(f"`{c['id']}`" in ledger for c in rec["claims"])
+    # the length model ends every completion at 4 tokens, and the floor follows the engine's slot schedule
+    floor = rec["raw"][0]["shapes"]["0.5B"]["floor"]
+    assert floor["work"]["ragged"] and floor["work"]["generated_tokens"] == 4 * 4
+    assert rec["raw"][0]["shapes"]["0.5B"]["engines"]["static"]["generated_tokens"] == 4 * 4
+    from workflow_src.bench.engine import main
+    with pytest.raises(SystemExit):  # a length above --new-tokens is refused before any model is made
+        main(["--tiny", "--device", "cpu", "--out", str(bench_run["dir"] / "x.json"), "--new-tokens", "8",
+              "--lengths", "fixed:9"])
 
 
 def test_the_shipped_ledger_is_generated_from_the_shipped_records(monkeypatch):

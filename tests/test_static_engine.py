@@ -294,21 +294,3 @@ def test_lengths_end_each_completion_where_drawn(model_and_tokenizer, prompts):
     assert parse("fixed:7", 12).draw(4, 0) == [7] * 4
     with pytest.raises(LengthModelError, match="more than max_new_tokens"):
         parse(f"histogram:{REPO / 'config/lengths/gsm8k-like.csv'}", 256)
-
-
-def test_engine_bench_with_a_length_model_and_repeats(tmp_path):
-    import json
-
-    from workflow_src.bench.engine import main
-    out = tmp_path / "bench.json"
-    main(["--tiny", "--shapes", "0.5B", "--prompts", "6", "--prompt-chars", "12", "--new-tokens", "8", "--batch", "4",
-          "--seeds", "2", "--repeats", "3", "--device", "cpu", "--out", str(out), "--engines", "static",
-          "--lengths", "fixed:3"])
-    doc = json.loads(out.read_text())
-    fl = doc["shapes"]["0.5B"]["floor"]
-    assert fl["work"]["ragged"] and fl["work"]["generated_tokens"] == 6 * 3
-    assert doc["shapes"]["0.5B"]["engines"]["static"]["generated_tokens"] == 6 * 3
-    pop = doc["population"]["engines"]["static"]
-    assert len(pop["runs"]) == 3 and pop["min"] <= pop["median"] <= pop["max"]
-    with pytest.raises(SystemExit):
-        main(["--tiny", "--device", "cpu", "--out", str(out), "--new-tokens", "8", "--lengths", "fixed:9"])

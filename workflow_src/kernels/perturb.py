@@ -568,7 +568,7 @@ def cases(scale: str, device: str) -> list[Case]:
     # The flashopt scheme (noise/flashopt.py): the element kernel with SCHEME=1 against the same reference
     # with that scheme's signs.
     from workflow_src.noise.flashopt import signs as flashopt_signs
-    for i, (shape, d, offset) in enumerate(itertools.product(shapes, DTYPES, (0, 2**32 - 100))):
+    for i, (shape, d, offset) in enumerate(itertools.product(shapes[-2:], DTYPES, (0, 2**32 - 100))):
         seed, block = seeds[i % len(seeds)], blocks[i % len(blocks)]
 
         def run(shape=shape, dtype=DTYPES[d], offset=offset, block=block, seed=seed):
