@@ -190,6 +190,9 @@ def test_graph_replay_equals_eager_decode(model_and_tokenizer, prompts, attentio
         # sdpa: one graph per span reached; triton: one graph for every step
         assert (len(graphed._decoder._graphs) > 1) == (attention == "sdpa")
         assert graphed.generate(prompts, 20) == eager  # replayed again, weights read in place
+        assert graphed.compact and any(rows < 8 for rows, _ in graphed._decoder._graphs)  # the tail's own graphs
+        full = StaticEngine(model, tok, 8, span_bucket=8, attention=attention, compact=False).generate(prompts, 20)
+        assert sum(a == b for a, b in zip(full, eager)) / len(full) >= 0.9  # GEMM kernels by row count may round apart
     finally:
         model.to("cpu")
 
@@ -242,18 +245,21 @@ def test_decode_steps_cli_times_variants_and_compares_their_logits(tmp_path):
     from workflow_src.bench.decode_steps import main, variant_options
     out = tmp_path / "steps.json"
     main(["--tiny", "--shape", "0.5B", "--batch", "3", "--prompt-chars", "10", "--new-tokens", "20", "--reps", "2",
-          "--device", "cpu", "--variants", "plain", "packed", "--out", str(out)])
+          "--device", "cpu", "--variants", "plain", "packed", "--rows", "2", "1", "--out", str(out)])
     doc = json.loads(out.read_text())
     assert doc["spans"] == [doc["capacity"]] and doc["slots"] == 3
     for name, row in doc["variants"].items():
         span = str(doc["capacity"])
         assert row["step_ms"][span] > 0 and row["loop_ms"][span] > 0
+        assert set(row["step_ms_by_rows"]) == {"2", "1"} and row["step_ms_by_rows"]["1"][span] > 0
         kernels = row["kernels"]
         assert kernels["clock"] == "host" and kernels["categories_ms_per_step"]["gemm"] > 0
     assert doc["variants"]["plain"]["logits_equal_to_first"] == {str(doc["capacity"]): True}
     assert variant_options("fused+packed+triton") == {"fused": True, "packed": True, "attention": "triton"}
     with pytest.raises(ValueError):
         variant_options("plain+fused")
+    with pytest.raises(SystemExit):
+        main(["--tiny", "--device", "cpu", "--batch", "3", "--rows", "4", "--out", str(out)])
     with pytest.raises(SystemExit):  # packing is for good: unpacked variants first
         main(["--tiny", "--device", "cpu", "--variants", "packed", "plain", "--out", str(out)])
 
@@ -294,3 +300,54 @@ def test_lengths_end_each_completion_where_drawn(model_and_tokenizer, prompts):
     assert parse("fixed:7", 12).draw(4, 0) == [7] * 4
     with pytest.raises(LengthModelError, match="more than max_new_tokens"):
         parse(f"histogram:{REPO / 'config/lengths/gsm8k-like.csv'}", 256)
+
+
+@pytest.mark.parametrize("slots", [3, 8])
+def test_compacted_tail_gives_the_tokens_of_the_full_batch(model_and_tokenizer, prompts, slots, monkeypatch):
+    """`compact`: once the queue is empty the live slots move to the front and the steps run over fewer rows
+    (halving); on this model's CPU GEMMs a row's tokens do not depend on the row count, so the tokens equal those
+    of the full batch, with and without overlap, at ragged lengths. The steps did shrink (a spy on the decoder)."""
+    from workflow_src.engine.static import SlotDecoder
+    model, tok = model_and_tokenizer
+    rows_seen: list[int] = []
+    decode = SlotDecoder.decode
+
+    def spy(self, furthest, rows=None):
+        rows_seen.append(self.slots if rows is None else rows)
+        return decode(self, furthest, rows)
+    def engine(**options):
+        out = StaticEngine(model, tok, slots, **options)
+        out.stops = set()  # the drawn lengths alone end the completions: a ragged tail
+        return out
+    lengths = [1 + (7 * i) % 19 for i in range(len(prompts) - 8)] + [2, 4, 6, 8, 10, 12, 16, 20]
+    for overlap in (False, True):
+        full = engine(overlap=overlap, compact=False).generate(prompts, 20, lengths=lengths)
+        monkeypatch.setattr(SlotDecoder, "decode", spy)
+        rows_seen.clear()
+        compacted = engine(overlap=overlap, compact=True)
+        assert compacted.generate(prompts, 20, lengths=lengths) == full, overlap
+        assert compacted.attention_info()["compact"] is True
+        monkeypatch.setattr(SlotDecoder, "decode", decode)
+        assert rows_seen[0] == slots and rows_seen[-1] < slots and rows_seen == sorted(rows_seen, reverse=True)
+        assert set(rows_seen) <= {slots >> i for i in range(slots.bit_length())}
+    assert StaticEngine(model, tok, slots).compact is False  # the CPU default keeps the full batch
+
+
+def test_move_to_front_moves_each_slot_whole(model_and_tokenizer):
+    """A moved slot takes its keys, values, token, position and per-slot entries along; the slots left behind
+    keep theirs (the step over the first rows reads the moved ones only)."""
+    from workflow_src.engine.static import SlotDecoder
+    model, _ = model_and_tokenizer
+    dec = SlotDecoder(model, 6, 16, graphs=False)
+    g = torch.Generator().manual_seed(0)
+    for cache in (*dec.lean.k, *dec.lean.v):
+        cache.copy_(torch.randn(cache.shape, generator=g))
+    dec.tokens.copy_(torch.arange(6) + 10)
+    dec.positions.copy_(torch.arange(6) + 3)
+    extra = torch.arange(6) * 100
+    before = [c.clone() for c in (*dec.lean.k, *dec.lean.v)]
+    dec.move_to_front([1, 4, 5], extra)
+    assert dec.tokens.tolist() == [11, 14, 15, 13, 14, 15] and dec.positions.tolist() == [4, 7, 8, 6, 7, 8]
+    assert extra.tolist() == [100, 400, 500, 300, 400, 500]
+    for old, new in zip(before, (*dec.lean.k, *dec.lean.v)):
+        assert torch.equal(new[:3], old[[1, 4, 5]]) and torch.equal(new[3:], old[3:])

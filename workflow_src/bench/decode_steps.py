@@ -1,7 +1,7 @@
 """Where a decode step of the static engine goes: per-step time at fixed spans, per variant, and its kernels.
 
     python -m workflow_src.bench.decode_steps --out steps.json [--shape 7B] [--variants plain fused packed
-        fused+packed] [--batch 128] [--prompt-chars 200] [--new-tokens 512] [--reps 50] [--tiny]
+        fused+packed] [--batch 128] [--rows 64 32 16 8] [--prompt-chars 200] [--new-tokens 512] [--reps 50] [--tiny]
 
 `bench.engine` times whole generations, prefill included; this times the decode step alone. On a model with
 seeded random weights (`bench.random_model`), for each variant of `SlotDecoder` (`plain`; `fused`: the fused
@@ -11,6 +11,8 @@ attention kernel in place of SDPA; parts joined by `+`), it prefills
 attending over spans of 256, 512 and the whole capacity:
 - `step_ms`: a step as the engine runs it on a GPU (its CUDA graph replayed; eager on the CPU), the mean of
   `--reps` steps between two CUDA events;
+- `step_ms_by_rows`: the same step over the first N slots only, for each N of `--rows` (the static engine's
+  `compact` tail, where ended sequences have left the step);
 - `loop_ms`: the step plus the argmax, the copy of the next tokens and their read-back to the host, each step
   read before the next is launched (the engine with `overlap=0`; by default it reads a step while the next
   one runs), wall clock;
@@ -29,6 +31,7 @@ import argparse
 import json
 import platform
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -112,7 +115,7 @@ def timed_ms(fn, reps: int, cuda: bool) -> float:
 
 @torch.no_grad()
 def measure(model, tok, prompts: list[str], variants: list[str], new_tokens: int, reps: int, cuda: bool,
-            profile_steps: int = 3) -> dict:
+            profile_steps: int = 3, rows: Sequence[int] = ()) -> dict:
     from workflow_src.engine.static import SlotDecoder
     encoded = tok(prompts)["input_ids"]
     slots = len(encoded)
@@ -125,23 +128,27 @@ def measure(model, tok, prompts: list[str], variants: list[str], new_tokens: int
     for variant in variants:
         dec = SlotDecoder(model, slots, capacity, graphs=cuda, span_bucket=1, **variant_options(variant))
         dec.prefill(encoded, list(range(slots)))
-        row: dict = {"step_ms": {}, "loop_ms": {}, "logits_equal_to_first": {}}
+        row: dict = {"step_ms": {}, "loop_ms": {}, "logits_equal_to_first": {}, "step_ms_by_rows": {}}
         for span in spans:
-            positions = torch.full((slots,), span - 1, dtype=torch.long, device=device)
-            logits = dec.decode(tokens, positions, span - 1).clone()  # captures the span's graph on a GPU
+            dec.tokens.copy_(tokens)
+            dec.positions.fill_(span - 1)
+            logits = dec.decode(span - 1).clone()  # captures the span's graph on a GPU
             if span not in first:
                 first[span] = logits
             row["logits_equal_to_first"][span] = torch.equal(logits, first[span])
-            row["step_ms"][span] = timed_ms(lambda: dec.decode(tokens, positions, span - 1), reps, cuda)
+            row["step_ms"][span] = timed_ms(lambda: dec.decode(span - 1), reps, cuda)
+            for n in rows:  # the step over the first n slots only (the engine's `compact` tail)
+                row["step_ms_by_rows"].setdefault(n, {})[span] = timed_ms(lambda n=n: dec.decode(span - 1, n), reps,
+                                                                         cuda)
 
             def loop_step():
-                nxt = dec.decode(tokens, positions, span - 1).argmax(-1)
+                nxt = dec.decode(span - 1).argmax(-1)
                 dec.tokens.copy_(nxt)
                 nxt.tolist()
             row["loop_ms"][span] = timed_ms(loop_step, reps, cuda)
         span = min(capacity, PROFILE_SPAN)
         dec.positions.fill_(span - 1)
-        row["kernels"] = kernel_breakdown(lambda: dec._step(span), profile_steps, cuda)
+        row["kernels"] = kernel_breakdown(lambda: dec._step(span, slots), profile_steps, cuda)
         out["variants"][variant] = row
         print(f"decode {variant:>13}: " + ", ".join(f"span {s}: {row['step_ms'][s]:.3f} ms (loop {row['loop_ms'][s]:.3f})"
                                                     for s in spans)
@@ -158,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shape", default="7B", choices=sorted(SHAPES))
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), help=f"default: {' '.join(VARIANTS)}")
     parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--rows", type=int, nargs="*", default=[], help="also time the step over these many slots")
     parser.add_argument("--prompt-chars", type=int, default=200)
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--reps", type=int, default=50)
@@ -169,6 +177,8 @@ def main(argv: list[str] | None = None) -> None:
             variant_options(v)
         except ValueError as e:
             parser.error(str(e))
+    if any(not 1 <= n <= args.batch for n in args.rows):
+        parser.error(f"--rows must each be 1 … --batch ({args.batch}), got {args.rows}")
     packed_at = [i for i, v in enumerate(args.variants) if "packed" in v]
     if packed_at and any("packed" not in v for v in args.variants[packed_at[0]:]):
         parser.error("name the variants without packing first: packing re-lays out the model's weights for good")
@@ -177,7 +187,8 @@ def main(argv: list[str] | None = None) -> None:
     doc = {"format": "speedproof.decode-steps/1", "device": args.device, "torch": torch.__version__,
            "device_name": torch.cuda.get_device_name() if cuda else platform.processor(), "shape": args.shape,
            "args": vars(args)}
-    doc.update(measure(model, tok, random_prompts(args.batch, args.prompt_chars), args.variants, args.new_tokens, args.reps, cuda))
+    doc.update(measure(model, tok, random_prompts(args.batch, args.prompt_chars), args.variants, args.new_tokens, args.reps, cuda,
+                       rows=args.rows))
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
 

@@ -26,6 +26,7 @@ most device (CPU: host) time: where a decode step goes, as a guide to the next o
 `--engines` takes engine names, and `static:key=value,...` for the static engine with other options: `span=N`
 (span_bucket N; a huge N attends over the whole cache capacity), `fused=0|1`, `packed=0|1`, `attention=sdpa|triton`,
 `graphs=0|1`, `overlap=0|1` (whether a decode step is launched before the previous one's tokens are read),
+`compact=0|1` (whether the steps leave ended sequences behind once no prompt waits),
 `launch=block_n/num_warps/num_stages/splits` (the Triton decode attention's launch, e.g. 64/4/3/2)
 (StaticEngine's arguments; unnamed ones keep its defaults). Packing re-lays out the model's
 weights for good: list engines that do not pack before those that do.
@@ -107,7 +108,7 @@ def parse_launch(value: str) -> Launch:
 STATIC_OPTIONS = {"span": ("span_bucket", int), "fused": ("fused", lambda v: bool(int(v))),
                   "packed": ("packed", lambda v: bool(int(v))), "graphs": ("graphs", lambda v: bool(int(v))),
                   "attention": ("attention", str), "launch": ("launch", parse_launch),
-                  "overlap": ("overlap", lambda v: bool(int(v)))}
+                  "overlap": ("overlap", lambda v: bool(int(v))), "compact": ("compact", lambda v: bool(int(v)))}
 
 
 def static_options(label: str) -> dict:

@@ -19,6 +19,16 @@ into one GEMM each (model/packed_projections.py). The host launches each decode 
 previous step's tokens (`overlap`; what the tokens decide, which slots end and are refilled, is known one step
 later, the tokens are the same: `StaticEngine._run`).
 
+Ragged ends. A slot whose sequence ended feeds position 0 until it is refilled, so it reads one key, not its
+whole past, and the step's other rows are untouched (every op is row by row). Once no prompt waits, the
+slots still decoding can leave the ended ones behind (`compact`, the GPU default): when they fit in half the
+rows the step runs over, they move to the front of the cache (their keys and values copied, in order) and the
+step runs over the smallest of the row counts slots, slots/2, slots/4, … 1 that holds them (one graph each),
+so the GEMMs, norms and attention of a batch's long tail serve its live rows only, as an engine that batches
+live sequences (vLLM) does. A GEMM's kernel, and so its rounding, can depend on its row count: with `compact`
+a row's logits can differ from those of the same row in a full batch in the last bits; which rows a step
+holds is a pure function of the prompts and the tokens, so the tokens stay the same run to run.
+
 Deterministic: the schedule (which prompt enters which slot when) and the span of every step are pure
 functions of the prompts and of the tokens generated, greedy selection is an argmax, and every kernel runs
 in deterministic mode; the same prompts, weights and settings give the same tokens on every run. They can
@@ -96,7 +106,8 @@ class SlotDecoder:
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)
         self.key_index = torch.arange(capacity, device=device)
         self.graphs = graphs and device.type == "cuda"
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # span -> (graph, its logits)
+        # (rows, span) -> (graph, its logits)
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
@@ -124,19 +135,20 @@ class SlotDecoder:
             return self.capacity
         return min(self.capacity, -(-(furthest + 1) // self.span_bucket) * self.span_bucket)
 
-    def _step(self, span: int) -> torch.Tensor:
-        """One token per slot from self.tokens at self.positions, attending over cache positions < span
-        (every live slot's position must be below it); returns the logits [slots, vocab]."""
+    def _step(self, span: int, rows: int) -> torch.Tensor:
+        """One token for each of the first `rows` slots from self.tokens at self.positions, attending over cache
+        positions < span (every live slot's position must be below it); returns the logits [rows, vocab]."""
         with torch_deterministic_mode_off():
-            return self._step_ops(span)
+            return self._step_ops(span, rows)
 
-    def _step_ops(self, span: int) -> torch.Tensor:
+    def _step_ops(self, span: int, rows: int) -> torch.Tensor:
         lean, model = self.lean, self.model
-        pos = self.positions
+        pos = self.positions[:rows]
+        k_cache, v_cache = [k[:rows] for k in lean.k], [v[:rows] for v in lean.v]
         rope_cache = rope_cache_fused if self.fused else rope_cache_reference
-        h = F.embedding(self.tokens[:, None], model.model.embed_tokens.weight)
+        h = F.embedding(self.tokens[:rows, None], model.model.embed_tokens.weight)
         if self.attention == "sdpa":
-            visible = (self.key_index[None, :span] <= pos[:, None])[:, None, None, :]  # [slots, 1, 1, span]
+            visible = (self.key_index[None, :span] <= pos[:, None])[:, None, None, :]  # [rows, 1, 1, span]
         norms = [layer.input_layernorm for layer in lean.layers[1:]] + [model.model.norm]
         x = lean.rms(lean.layers[0].input_layernorm, h)
         for li, layer in enumerate(lean.layers):
@@ -146,18 +158,18 @@ class SlotDecoder:
             else:
                 pl = self.packed[li]
                 qkv = F.linear(x, pl.qkv_weight, pl.qkv_bias).split(pl.qkv_sizes, dim=-1)
-            qs, ks, vs = (t.view(self.slots, 1, -1, lean.head_dim).transpose(1, 2) for t in qkv)
-            qs = rope_cache(qs, ks, vs, lean.cos, lean.sin, pos, lean.k[li], lean.v[li])
+            qs, ks, vs = (t.view(rows, 1, -1, lean.head_dim).transpose(1, 2) for t in qkv)
+            qs = rope_cache(qs, ks, vs, lean.cos, lean.sin, pos, k_cache[li], v_cache[li])
             # The query heads that share a KV head attend as that head's query rows, so the cache is read
             # as it lies: with a mask, transformers' SDPA path would first copy every KV head
             # `heads / kv_heads` times over the whole capacity (repeat_kv), at 7B the bulk of a step.
-            q = qs.reshape(self.slots, lean.k[li].shape[1], -1, lean.head_dim)
+            q = qs.reshape(rows, lean.kv_heads, -1, lean.head_dim)
             if self.attention == "triton":
-                o = decode_attention(q, lean.k[li], lean.v[li], pos, attn.scaling, launch=self.launch)
+                o = decode_attention(q, k_cache[li], v_cache[li], pos, attn.scaling, launch=self.launch)
             else:
-                o = F.scaled_dot_product_attention(q, lean.k[li][:, :, :span], lean.v[li][:, :, :span],
+                o = F.scaled_dot_product_attention(q, k_cache[li][:, :, :span], v_cache[li][:, :, :span],
                                                    attn_mask=visible, scale=attn.scaling)
-            o = o.reshape(self.slots, 1, -1)
+            o = o.reshape(rows, 1, -1)
             norm = layer.post_attention_layernorm
             x, h = lean.add_norm(h, F.linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight,
                                  norm.variance_epsilon)
@@ -173,21 +185,34 @@ class SlotDecoder:
         return F.linear(x[:, 0], model.lm_head.weight)
 
     @torch.no_grad()
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, furthest: int) -> torch.Tensor:
-        """Logits [slots, vocab] of one step: slot i feeds tokens[i] at positions[i]; `furthest` is the largest
-        position of a slot whose logits are used (slots past it compute garbage nobody reads)."""
-        self.tokens.copy_(tokens)
-        self.positions.copy_(positions)
+    def decode(self, furthest: int, rows: int | None = None) -> torch.Tensor:
+        """Logits [rows, vocab] of one step over the first `rows` slots (None: all): slot i feeds self.tokens[i]
+        at self.positions[i]; `furthest` is the largest position of a slot whose logits are used (slots past
+        it compute garbage nobody reads)."""
+        rows = self.slots if rows is None else rows
         span = self.span(furthest)
         if not self.graphs:
-            return self._step(span)
-        if span not in self._graphs:
-            self._graphs[span] = self._capture(span)
-        graph, out = self._graphs[span]
+            return self._step(span, rows)
+        if (rows, span) not in self._graphs:
+            self._graphs[rows, span] = self._capture(span, rows)
+        graph, out = self._graphs[rows, span]
         graph.replay()
         return out
 
-    def _capture(self, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    @torch.no_grad()
+    def move_to_front(self, slots: list[int], *per_slot: torch.Tensor) -> None:
+        """Slot slots[j] becomes slot j (its cached keys and values, token and position, and its entry of each
+        `per_slot` tensor), for increasing, distinct slots; what the slots below len(slots) held is overwritten."""
+        moves = [(j, s) for j, s in enumerate(slots) if s != j]
+        if not moves:
+            return
+        device = self.tokens.device
+        dst = torch.tensor([j for j, _ in moves], device=device)
+        src = torch.tensor([s for _, s in moves], device=device)
+        for cache in (*self.lean.k, *self.lean.v, self.tokens, self.positions, *per_slot):
+            cache.index_copy_(0, dst, cache.index_select(0, src))
+
+    def _capture(self, span: int, rows: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # Warm-up on a side stream (lazy initializations must not happen during capture), then capture.
         # The step writes one key/value per slot at that slot's position: the warm-up runs write what the
         # replay will write again, so they change nothing a later step reads.
@@ -195,11 +220,11 @@ class SlotDecoder:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._step(span)
+                self._step(span, rows)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with safe_capture(graph):
-            out = self._step(span)
+            out = self._step(span, rows)
         return graph, out
 
 
@@ -211,8 +236,10 @@ class StaticEngine:
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int,
                  meter: ThroughputMeter | None = None, progress=None, graphs: bool = True, span_bucket: int = 128,
                  fused: bool | None = None, packed: bool | None = None, attention: str | None = None,
-                 launch: Launch = DEFAULT_LAUNCH, overlap: bool = True):
+                 launch: Launch = DEFAULT_LAUNCH, overlap: bool = True, compact: bool | None = None):
         """`overlap`: launch each decode step before reading the previous one's tokens (`_run`; the same tokens).
+        `compact`: once no prompt waits, the step runs over the live slots only (the module's "Ragged ends";
+        None: on a GPU, not on the CPU, where the embedded default's tokens stay those of a full batch).
         `fused`, `packed`, `attention`, `launch`: SlotDecoder's options; None (the default) chooses, where the model is
         on a GPU, fused, packed and `triton` (faster there: docs/benchmarks/2026-12-01-h200-engine-decode.md),
         and on the CPU none of them and `sdpa` (the kernels would run in Triton's interpreter). Packing
@@ -230,6 +257,7 @@ class StaticEngine:
         if self.attention not in ATTENTION:
             raise ValueError(f"static engine: attention {attention!r}; known: {list(ATTENTION)}")
         self.progress, self.graphs, self.launch, self.overlap = progress, graphs, launch, overlap
+        self.compact = on_gpu if compact is None else compact
         if self.packed:
             pack_projections(model)
         self.stops = stop_token_ids(model, tokenizer)
@@ -238,8 +266,9 @@ class StaticEngine:
     def attention_info(self) -> dict:
         """The decode steps' attention, for records (engine/attention.py); prefills use SDPA."""
         if self.attention != "triton":
-            return {"decode": "sdpa"}
-        return {"decode": "triton:kernels/decode_attention.py", "decode_launch": dataclasses.asdict(self.launch)}
+            return {"decode": "sdpa", "compact": self.compact}
+        return {"decode": "triton:kernels/decode_attention.py", "decode_launch": dataclasses.asdict(self.launch),
+                "compact": self.compact}
 
     def _decoder_for(self, capacity: int, slots: int) -> SlotDecoder:
         """The decoder (and its captured graph) is kept while it has these slots and enough capacity: weights
@@ -307,6 +336,7 @@ class StaticEngine:
         left = torch.zeros_like(tokens)  # tokens each slot may still generate
         stops = torch.tensor(sorted(self.stops), dtype=torch.long, device=device)
         unread: deque = deque()  # launched steps: (their tokens on the host once the event fires, event, owners)
+        rows = decoder.slots  # the steps run over slots 0..rows-1; every occupied slot is below rows
 
         def admit() -> None:
             free = [slot for slot, o in enumerate(owner) if o is None]
@@ -331,11 +361,13 @@ class StaticEngine:
 
         def launch() -> None:
             snapshot = [(slot, o) for slot, o in enumerate(owner) if o is not None]
-            nxt = decoder.decode(tokens, positions, max(where[s] for s, _ in snapshot)).argmax(-1)
-            tokens.copy_(nxt)
-            positions.add_(live)
-            left.sub_(live)
-            live.mul_(~(torch.isin(nxt, stops) | (left <= 0)))
+            nxt = decoder.decode(max(where[s] for s, _ in snapshot), rows).argmax(-1)
+            on = live[:rows]
+            tokens[:rows] = nxt
+            positions[:rows] += on
+            left[:rows] -= on
+            on.mul_(~(torch.isin(nxt, stops) | (left[:rows] <= 0)))
+            positions[:rows] *= on  # an ended slot feeds position 0 until it is refilled: one key to read
             for s, _ in snapshot:
                 where[s] += 1
             if device.type == "cuda":
@@ -358,6 +390,24 @@ class StaticEngine:
                          [s for s, _ in current])
             admit()
 
+        def compact_rows() -> int:
+            """Move the occupied slots to the front (every launched step read first, so the host knows which
+            they are) and return the smallest row count of the halving ladder that holds them."""
+            while unread:
+                read()
+            occupied = [slot for slot in range(rows) if owner[slot] is not None]
+            target = rows
+            while target > 1 and (target // 2 >= len(occupied)):
+                target //= 2
+            decoder.move_to_front(occupied, live, left)
+            for j, slot in enumerate(occupied):
+                owner[j], where[j] = owner[slot], where[slot]
+            for j in range(len(occupied), rows):
+                owner[j] = None
+            for buffer in (positions, live, left):
+                buffer[len(occupied):rows] = 0
+            return max(target, 1)
+
         lag = 1 if self.overlap else 0
         admit()
         while True:
@@ -370,6 +420,8 @@ class StaticEngine:
                 if not queue:
                     return generated
                 admit()  # every admitted sequence ended at its prefill: admit more while the queue lasts
+            if self.compact and not queue and rows > 1 and sum(o is not None for o in owner[:rows]) <= rows // 2:
+                rows = compact_rows()
 
     def _record(self, new: list[int], idx: list[int], generated: list[list[int]], limits: list[int],
                 owner: list[int | None], slots: list[int]) -> list[int]:
