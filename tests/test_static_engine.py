@@ -177,13 +177,13 @@ def test_triton_decode_attention_agrees_with_sdpa(model_and_tokenizer, prompts):
 @gpu
 @pytest.mark.parametrize("attention", ["sdpa", "triton"])
 def test_graph_replay_equals_eager_decode(model_and_tokenizer, prompts, attention):
-    """On a GPU the defaults are the fused kernels and packed projections; with either attention. The eager
-    steps are read one by one, the graphed ones overlapped."""
+    """On a GPU the defaults are the fused kernels, packed projections and the compact tail; with either
+    attention the graphed steps give the eager steps' tokens (both overlapped: the compact tail's row counts
+    then meet the same tokens), and the full batch's on nearly every prompt."""
     model, tok = model_and_tokenizer
     model = model.to("cuda")
     try:
-        eager = StaticEngine(model, tok, 8, graphs=False, span_bucket=8, attention=attention,
-                             overlap=False).generate(prompts, 20)
+        eager = StaticEngine(model, tok, 8, graphs=False, span_bucket=8, attention=attention).generate(prompts, 20)
         graphed = StaticEngine(model, tok, 8, graphs=True, span_bucket=8, attention=attention)
         assert graphed.fused and graphed.packed
         assert graphed.generate(prompts, 20) == eager
@@ -302,19 +302,21 @@ def test_lengths_end_each_completion_where_drawn(model_and_tokenizer, prompts):
         parse(f"histogram:{REPO / 'config/lengths/gsm8k-like.csv'}", 256)
 
 
-@pytest.mark.parametrize("slots", [3, 8])
+@pytest.mark.parametrize("slots", [3, 8, 20])
 def test_compacted_tail_gives_the_tokens_of_the_full_batch(model_and_tokenizer, prompts, slots, monkeypatch):
-    """`compact`: once the queue is empty the live slots move to the front and the steps run over fewer rows
-    (halving); on this model's CPU GEMMs a row's tokens do not depend on the row count, so the tokens equal those
-    of the full batch, with and without overlap, at ragged lengths. The steps did shrink (a spy on the decoder)."""
-    from workflow_src.engine.static import SlotDecoder
+    """`compact`: once the queue is empty the live slots move below a smaller row count and the steps run over
+    that many rows; on this model's CPU GEMMs a row's tokens do not depend on the row count, so the tokens equal
+    those of the full batch, with and without overlap, at ragged lengths. The steps did shrink (a spy on the
+    decoder)."""
+    from workflow_src.engine.static import SlotDecoder, row_counts
     model, tok = model_and_tokenizer
     rows_seen: list[int] = []
-    decode = SlotDecoder.decode
+    advance = SlotDecoder.advance
 
-    def spy(self, furthest, rows=None):
-        rows_seen.append(self.slots if rows is None else rows)
-        return decode(self, furthest, rows)
+    def spy(self, furthest, rows):
+        rows_seen.append(rows)
+        return advance(self, furthest, rows)
+
     def engine(**options):
         out = StaticEngine(model, tok, slots, **options)
         out.stops = set()  # the drawn lengths alone end the completions: a ragged tail
@@ -322,32 +324,32 @@ def test_compacted_tail_gives_the_tokens_of_the_full_batch(model_and_tokenizer, 
     lengths = [1 + (7 * i) % 19 for i in range(len(prompts) - 8)] + [2, 4, 6, 8, 10, 12, 16, 20]
     for overlap in (False, True):
         full = engine(overlap=overlap, compact=False).generate(prompts, 20, lengths=lengths)
-        monkeypatch.setattr(SlotDecoder, "decode", spy)
+        monkeypatch.setattr(SlotDecoder, "advance", spy)
         rows_seen.clear()
         compacted = engine(overlap=overlap, compact=True)
         assert compacted.generate(prompts, 20, lengths=lengths) == full, overlap
         assert compacted.attention_info()["compact"] is True
-        monkeypatch.setattr(SlotDecoder, "decode", decode)
+        monkeypatch.setattr(SlotDecoder, "advance", advance)
         assert rows_seen[0] == slots and rows_seen[-1] < slots and rows_seen == sorted(rows_seen, reverse=True)
-        assert set(rows_seen) <= {slots >> i for i in range(slots.bit_length())}
+        assert set(rows_seen) <= set(row_counts(slots))
     assert StaticEngine(model, tok, slots).compact is False  # the CPU default keeps the full batch
+    assert row_counts(128)[:3] == [128, 120, 112] and row_counts(128)[-5:] == [16, 8, 4, 2, 1]
+    assert row_counts(3) == [3, 2, 1] and row_counts(1) == [1]
 
 
-def test_move_to_front_moves_each_slot_whole(model_and_tokenizer):
-    """A moved slot takes its keys, values, token, position and per-slot entries along; the slots left behind
-    keep theirs (the step over the first rows reads the moved ones only)."""
+def test_move_slots_moves_each_slot_whole(model_and_tokenizer):
+    """A moved slot takes its keys, values, token, position, liveness and tokens left along; every other slot
+    keeps its own (the step over the first rows then reads the moved ones)."""
     from workflow_src.engine.static import SlotDecoder
     model, _ = model_and_tokenizer
     dec = SlotDecoder(model, 6, 16, graphs=False)
     g = torch.Generator().manual_seed(0)
     for cache in (*dec.lean.k, *dec.lean.v):
         cache.copy_(torch.randn(cache.shape, generator=g))
-    dec.tokens.copy_(torch.arange(6) + 10)
-    dec.positions.copy_(torch.arange(6) + 3)
-    extra = torch.arange(6) * 100
+    for i, t in enumerate((dec.tokens, dec.positions, dec.live, dec.left)):
+        t.copy_(torch.arange(6) + 10 * i)
     before = [c.clone() for c in (*dec.lean.k, *dec.lean.v)]
-    dec.move_to_front([1, 4, 5], extra)
-    assert dec.tokens.tolist() == [11, 14, 15, 13, 14, 15] and dec.positions.tolist() == [4, 7, 8, 6, 7, 8]
-    assert extra.tolist() == [100, 400, 500, 300, 400, 500]
+    dec.move_slots([4, 5], [0, 2])
+    assert dec.tokens.tolist() == [4, 1, 5, 3, 4, 5] and dec.left.tolist() == [34, 31, 35, 33, 34, 35]
     for old, new in zip(before, (*dec.lean.k, *dec.lean.v)):
-        assert torch.equal(new[:3], old[[1, 4, 5]]) and torch.equal(new[3:], old[3:])
+        assert torch.equal(new[[0, 2]], old[[4, 5]]) and torch.equal(new[[1, 3, 4, 5]], old[[1, 3, 4, 5]])

@@ -138,6 +138,7 @@ def measure(model, tok, prompts: list[str], variants: list[str], new_tokens: int
             row["logits_equal_to_first"][span] = torch.equal(logits, first[span])
             row["step_ms"][span] = timed_ms(lambda: dec.decode(span - 1), reps, cuda)
             for n in rows:  # the step over the first n slots only (the engine's `compact` tail)
+                dec.decode(span - 1, n)  # captures its graph before the timing
                 row["step_ms_by_rows"].setdefault(n, {})[span] = timed_ms(lambda n=n: dec.decode(span - 1, n), reps,
                                                                          cuda)
 

@@ -217,7 +217,8 @@ def main(argv: list[str] | None = None) -> None:
         first = None
         for name in args.engines:
             engine = bench_engine(name, model, tok, args.batch, ThroughputMeter(sync=sync))
-            engine.generate(prompts[: args.batch], args.new_tokens)  # warm-up: compilation, graph capture
+            # warm-up: compilation, graph capture (at the drawn lengths: the compact tail's row counts too)
+            engine.generate(prompts[: args.batch], args.new_tokens, lengths=lengths and lengths[: args.batch])
             runs = [timed_generate(engine, prompts, args.new_tokens, sync, lengths, phase=f"timed{i}")
                     for i in range(args.repeats)]
             completions = runs[0]["completions"]

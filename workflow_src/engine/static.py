@@ -21,9 +21,9 @@ later, the tokens are the same: `StaticEngine._run`).
 
 Ragged ends. A slot whose sequence ended feeds position 0 until it is refilled, so it reads one key, not its
 whole past, and the step's other rows are untouched (every op is row by row). Once no prompt waits, the
-slots still decoding can leave the ended ones behind (`compact`, the GPU default): when they fit in half the
-rows the step runs over, they move to the front of the cache (their keys and values copied, in order) and the
-step runs over the smallest of the row counts slots, slots/2, slots/4, … 1 that holds them (one graph each),
+slots still decoding can leave the ended ones behind (`compact`, the GPU default): when they fit in a smaller
+row count of `row_counts` (the slots, each multiple of 8 below, 4, 2, 1), those at or above it move into
+free slots below it (their keys and values copied) and the steps run over that many rows (one graph each),
 so the GEMMs, norms and attention of a batch's long tail serve its live rows only, as an engine that batches
 live sequences (vLLM) does. A GEMM's kernel, and so its rounding, can depend on its row count: with `compact`
 a row's logits can differ from those of the same row in a full batch in the last bits; which rows a step
@@ -104,10 +104,13 @@ class SlotDecoder:
         device = model.model.embed_tokens.weight.device
         self.tokens = torch.zeros(slots, dtype=torch.long, device=device)
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)
+        self.live = torch.zeros(slots, dtype=torch.long, device=device)  # 1 where a slot decodes: only those advance
+        self.left = torch.zeros(slots, dtype=torch.long, device=device)  # tokens each slot may still generate
+        self.stop_ids = torch.zeros(0, dtype=torch.long, device=device)  # tokens that end a sequence (advance)
         self.key_index = torch.arange(capacity, device=device)
         self.graphs = graphs and device.type == "cuda"
-        # (rows, span) -> (graph, its logits)
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # (what, rows, span) -> (graph, its output): what is "logits" (decode) or "tokens" (advance)
+        self._graphs: dict[tuple[str, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
@@ -184,48 +187,83 @@ class SlotDecoder:
             x, h = lean.add_norm(h, out, norms[li].weight, norms[li].variance_epsilon)
         return F.linear(x[:, 0], model.lm_head.weight)
 
+    def _advance(self, span: int, rows: int) -> torch.Tensor:
+        """A step over the first `rows` slots and what its tokens decide, on the device: each slot's next token
+        (greedy) becomes its input, a live slot moves to its next position and spends one of its tokens left,
+        and a slot whose token is a stop or whose tokens are spent stops being live and feeds position 0 (one
+        key to read) until it is refilled. Returns the tokens [rows]."""
+        with torch_deterministic_mode_off():
+            return self._advance_ops(span, rows)
+
+    def _advance_ops(self, span: int, rows: int) -> torch.Tensor:
+        nxt = self._step_ops(span, rows).argmax(-1)
+        on, left, positions = self.live[:rows], self.left[:rows], self.positions[:rows]
+        self.tokens[:rows] = nxt
+        positions += on
+        left -= on
+        on.mul_(~((nxt[:, None] == self.stop_ids[None, :]).any(-1) | (left <= 0)))
+        positions *= on
+        return nxt
+
     @torch.no_grad()
     def decode(self, furthest: int, rows: int | None = None) -> torch.Tensor:
         """Logits [rows, vocab] of one step over the first `rows` slots (None: all): slot i feeds self.tokens[i]
         at self.positions[i]; `furthest` is the largest position of a slot whose logits are used (slots past
-        it compute garbage nobody reads)."""
-        rows = self.slots if rows is None else rows
+        it compute garbage nobody reads). Changes no state but the cached keys and values at the positions fed."""
+        return self._run_step("logits", furthest, self.slots if rows is None else rows)
+
+    @torch.no_grad()
+    def advance(self, furthest: int, rows: int) -> torch.Tensor:
+        """`_advance` over the first `rows` slots (as one CUDA graph on a GPU: the tokens it returns live in
+        the graph's buffer until the next replay)."""
+        return self._run_step("tokens", furthest, rows)
+
+    def _run_step(self, what: str, furthest: int, rows: int) -> torch.Tensor:
         span = self.span(furthest)
+        fn = self._step if what == "logits" else self._advance
         if not self.graphs:
-            return self._step(span, rows)
-        if (rows, span) not in self._graphs:
-            self._graphs[rows, span] = self._capture(span, rows)
-        graph, out = self._graphs[rows, span]
+            return fn(span, rows)
+        key = (what, rows, span)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(fn, span, rows)
+        graph, out = self._graphs[key]
         graph.replay()
         return out
 
     @torch.no_grad()
-    def move_to_front(self, slots: list[int], *per_slot: torch.Tensor) -> None:
-        """Slot slots[j] becomes slot j (its cached keys and values, token and position, and its entry of each
-        `per_slot` tensor), for increasing, distinct slots; what the slots below len(slots) held is overwritten."""
-        moves = [(j, s) for j, s in enumerate(slots) if s != j]
-        if not moves:
+    def move_slots(self, src: list[int], dst: list[int]) -> None:
+        """Slot src[i] becomes slot dst[i] (its cached keys and values, token, position, liveness and tokens
+        left); the dst slots must not be among the src ones. The src slots keep what they held."""
+        if not src:
             return
         device = self.tokens.device
-        dst = torch.tensor([j for j, _ in moves], device=device)
-        src = torch.tensor([s for _, s in moves], device=device)
-        for cache in (*self.lean.k, *self.lean.v, self.tokens, self.positions, *per_slot):
-            cache.index_copy_(0, dst, cache.index_select(0, src))
+        to, of = torch.tensor(dst, device=device), torch.tensor(src, device=device)
+        for cache in (*self.lean.k, *self.lean.v, self.tokens, self.positions, self.live, self.left):
+            cache.index_copy_(0, to, cache.index_select(0, of))
 
-    def _capture(self, span: int, rows: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, fn, span: int, rows: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # Warm-up on a side stream (lazy initializations must not happen during capture), then capture.
-        # The step writes one key/value per slot at that slot's position: the warm-up runs write what the
-        # replay will write again, so they change nothing a later step reads.
+        # The warm-up runs write keys and values at the positions they feed, which a real step writes before
+        # it reads them, and the state they advance is put back.
+        state = [t.clone() for t in (self.tokens, self.positions, self.live, self.left)]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._step(span, rows)
+                fn(span, rows)
         torch.cuda.current_stream().wait_stream(stream)
+        for t, saved in zip((self.tokens, self.positions, self.live, self.left), state):
+            t.copy_(saved)
         graph = torch.cuda.CUDAGraph()
         with safe_capture(graph):
-            out = self._step(span, rows)
+            out = fn(span, rows)
         return graph, out
+
+
+def row_counts(slots: int) -> list[int]:
+    """The row counts a compacted step runs over, largest first: `slots`, every multiple of 8 below it, and
+    4, 2, 1 (one CUDA graph each once reached)."""
+    return sorted({slots, *range(8, slots, 8), *(n for n in (4, 2, 1) if n < slots)}, reverse=True)
 
 
 class StaticEngine:
@@ -319,24 +357,36 @@ class StaticEngine:
         return out
 
     def _run(self, decoder: SlotDecoder, encoded: list[list[int]], limits: list[int]) -> list[list[int]]:
-        """Generate every prompt. The decoder's tokens and positions, and which slots still decode (`live`) and
-        how many tokens each may still make (`left`), live on the device and are advanced there after each
-        step, so the next step can be launched before the host has read this one's tokens (`overlap`): the
-        host reads step t while step t+1 runs. A slot that ends at step t is already frozen on the device
-        in step t+1 (its token there is dropped); its refill is prefilled after step t+1 instead of before
-        it. Each row's tokens depend on that row alone, and the slots freed together are prefilled together
-        either way, so both orders give the same tokens (the tests compare them)."""
+        """Generate every prompt. The decoder's tokens and positions, which slots still decode (`live`) and how
+        many tokens each may still make (`left`) live on the device and are advanced there by each step
+        (SlotDecoder.advance), so the next step can be launched before the host has read this one's tokens
+        (`overlap`): the host reads step t while step t+1 runs. A slot that ends at step t is already frozen
+        on the device in step t+1 (its token there is dropped); its refill is prefilled after step t+1
+        instead of before it. Each row's tokens depend on that row alone, and the slots freed together are
+        prefilled together either way, so both orders give the same tokens (the tests compare them).
+
+        `compact`: once the queue is empty, when a step read leaves live slots that fit a smaller row count of
+        `row_counts`, the step in flight is read too, the live slots at or above the new count move into the
+        free slots below it, and the steps run over that many rows. With overlap a refill, and so a queue
+        that runs dry, comes a step later; rows then meet other row counts at other tokens than without, so
+        on a GPU, where a GEMM's rounding can follow its row count, the two orders' tokens may differ in
+        near-ties (each order repeats its own)."""
         device = decoder.tokens.device
         queue = deque(range(len(encoded)))
         generated: list[list[int]] = [[] for _ in encoded]
         owner: list[int | None] = [None] * decoder.slots  # the prompt each slot decodes, as the host knows it
         where = [0] * decoder.slots  # positions as the host knows them (an upper bound while a step is unread)
-        tokens, positions = decoder.tokens, decoder.positions
-        live = torch.zeros_like(tokens)  # 1 where a slot decodes: only those advance
-        left = torch.zeros_like(tokens)  # tokens each slot may still generate
-        stops = torch.tensor(sorted(self.stops), dtype=torch.long, device=device)
+        tokens, positions, live, left = decoder.tokens, decoder.positions, decoder.live, decoder.left
+        live.zero_()
+        left.zero_()
+        positions.zero_()
+        decoder.stop_ids = torch.tensor(sorted(self.stops), dtype=torch.long, device=device)
         unread: deque = deque()  # launched steps: (their tokens on the host once the event fires, event, owners)
+        ladder = row_counts(decoder.slots)
         rows = decoder.slots  # the steps run over slots 0..rows-1; every occupied slot is below rows
+
+        def fitting(n: int) -> int:
+            return min(b for b in ladder if b >= max(n, 1))
 
         def admit() -> None:
             free = [slot for slot, o in enumerate(owner) if o is None]
@@ -357,17 +407,13 @@ class StaticEngine:
                 self.meter.count(prompts=1, prompt_tokens=length)
             ended = self._record(first.tolist(), idx, generated, limits, owner, slots)
             if ended:
-                live[torch.tensor(ended, device=device)] = 0
+                at = torch.tensor(ended, device=device)
+                live[at] = 0
+                positions[at] = 0
 
         def launch() -> None:
             snapshot = [(slot, o) for slot, o in enumerate(owner) if o is not None]
-            nxt = decoder.decode(max(where[s] for s, _ in snapshot), rows).argmax(-1)
-            on = live[:rows]
-            tokens[:rows] = nxt
-            positions[:rows] += on
-            left[:rows] -= on
-            on.mul_(~(torch.isin(nxt, stops) | (left[:rows] <= 0)))
-            positions[:rows] *= on  # an ended slot feeds position 0 until it is refilled: one key to read
+            nxt = decoder.advance(max(where[s] for s, _ in snapshot), rows)
             for s, _ in snapshot:
                 where[s] += 1
             if device.type == "cuda":
@@ -391,22 +437,15 @@ class StaticEngine:
             admit()
 
         def compact_rows() -> int:
-            """Move the occupied slots to the front (every launched step read first, so the host knows which
-            they are) and return the smallest row count of the halving ladder that holds them."""
             while unread:
                 read()
-            occupied = [slot for slot in range(rows) if owner[slot] is not None]
-            target = rows
-            while target > 1 and (target // 2 >= len(occupied)):
-                target //= 2
-            decoder.move_to_front(occupied, live, left)
-            for j, slot in enumerate(occupied):
-                owner[j], where[j] = owner[slot], where[slot]
-            for j in range(len(occupied), rows):
-                owner[j] = None
-            for buffer in (positions, live, left):
-                buffer[len(occupied):rows] = 0
-            return max(target, 1)
+            target = fitting(sum(o is not None for o in owner[:rows]))
+            movers = [slot for slot in range(target, rows) if owner[slot] is not None]
+            holes = [slot for slot in range(target) if owner[slot] is None][:len(movers)]
+            decoder.move_slots(movers, holes)
+            for src, dst in zip(movers, holes):
+                owner[dst], where[dst], owner[src] = owner[src], where[src], None
+            return target
 
         lag = 1 if self.overlap else 0
         admit()
@@ -416,12 +455,12 @@ class StaticEngine:
                 launch()
             if unread and (len(unread) > lag or not decoding):
                 read()
+                if self.compact and not queue and rows > 1 and fitting(sum(o is not None for o in owner[:rows])) < rows:
+                    rows = compact_rows()
             elif not decoding:
                 if not queue:
                     return generated
                 admit()  # every admitted sequence ended at its prefill: admit more while the queue lasts
-            if self.compact and not queue and rows > 1 and sum(o is not None for o in owner[:rows]) <= rows // 2:
-                rows = compact_rows()
 
     def _record(self, new: list[int], idx: list[int], generated: list[list[int]], limits: list[int],
                 owner: list[int | None], slots: list[int]) -> list[int]:
