@@ -43,6 +43,19 @@ scattergather:
     randopt_population=config["randopt"]["shards"],
 
 
+# On a cluster these run on the submitting host: each writes a small file from the config or from records
+# already there, so a batch job's start-up (seconds on SLURM) would cost more than the job.
+localrules:
+    all,
+    config_section,
+    experiment_manifest,
+    claims_append,
+    engine_bench,
+    switch_bench,
+    rl_evidence,
+    randopt_evidence,
+
+
 include: "rules/common.smk"
 include: "rules/config.smk"
 include: "rules/environment.smk"
