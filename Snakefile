@@ -54,6 +54,7 @@ localrules:
     switch_bench,
     rl_evidence,
     randopt_evidence,
+    rl_evidence_record,
 
 
 include: "rules/common.smk"

@@ -60,7 +60,8 @@ def report_outputs():
 
 def rl_evidence_outputs():
     outs = ["results/env/environment.json", "results/env/reward_environment.json", f"results/checkpoints/{MODEL}",
-            "results/operators/receipt.json", "results/operators/receipt.html"]
+            "results/operators/receipt.json", "results/operators/receipt.html",
+            f"results/evidence/rl-paired-{MODEL}/record.appended"]
     return outs + speedup_outputs() + bitwise_outputs()
 
 
@@ -79,4 +80,5 @@ def experiment_sections():
 
 
 def final_outputs():
-    return report_outputs() + [f"results/manifests/{EXP}.json", f"results/randopt/{EXP}/record.appended"]
+    return report_outputs() + [f"results/manifests/{EXP}.json", f"results/randopt/{EXP}/record.appended",
+                               f"results/evidence/rl-paired-{MODEL}/record.appended"]

@@ -65,6 +65,28 @@ rule switch_bench_record:
         " --out {output} > {log} 2>&1"
 
 
+# The RL subject's paired speedups and bitwise verdicts (target rl_evidence) as one record in the ledger.
+rule rl_evidence_record:
+    input:
+        speedups=[f"results/speedup/{exp}/speedup.json" for exp in sorted(speedup_config()["comparisons"])],
+        bitwise=f"results/bitwise/{EXP}/comparison.json",
+        sections=rl_evidence_sections(),
+        environment="results/env/environment.json",
+    output:
+        f"results/evidence/{RL_CLAIM}/record.json",
+    params:
+        claim=RL_CLAIM,
+        command=evidence_command("rl_evidence"),
+    log:
+        "results/logs/evidence/rl_evidence_record.log",
+    conda:
+        "../envs/speedproof.yaml"
+    shell:
+        "python -m workflow_src.bench.evidence rl --bench {input.speedups} {input.bitwise} --claim {params.claim}"
+        " --command {params.command:q} --environment {input.environment} --config-sections {input.sections}"
+        " --out {output} > {log} 2>&1"
+
+
 rule claims_append:
     input:
         "results/evidence/{claim}/record.json",

@@ -1,6 +1,5 @@
 #!/bin/bash
-# The RL subject's evidence on one GPU with a GPU preset, in stages that fit 10-minute windows
-# (docs/benchmarks/2026-11-29-h200-rl-qwen2.5-0.5b.md has what each took on an H200):
+# The RL subject's evidence on one GPU with a GPU preset, in stages that fit 10-minute windows:
 #   scripts/gpu_rl_evidence.sh check   # switch_check (~3 min): the baseline, each switch alone, all, the control;
 #                                      # with CANDIDATES=a,b: the preset's switches, plus each candidate, plus all,
 #                                      # and $OUT_DIR/switches.json, the largest set that kept the bits

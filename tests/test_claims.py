@@ -115,3 +115,4 @@ def test_switch_claims_take_each_runs_median_and_refuse_wrong_bits():
     assert got["sw.Qwen2.5-7B_shapes.share_of_copy"]["median"] == pytest.approx(8.0 / 8.7)
     with pytest.raises(ValueError, match="bits differ"):
         evidence.switch_claims("sw", [switch_run(8.7), switch_run(8.0, equal=False)])
+

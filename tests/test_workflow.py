@@ -36,7 +36,7 @@ SPINE = {"config_section": 16, "environment": 1, "reward_environment": 1, "check
          "operator_checks": 1, "experiment_manifest": 1, "all": 1,
          "heldout_text": 1, "randopt_base": 1, "randopt_population": 2, "randopt_gather": 1, "randopt_topk_answers": 1,
          "randopt_select_vote": 1, "randopt_probes": 1, "randopt_bpb": 1, "randopt_sigma_stats": 1, "randopt_plots": 1,
-         "randopt_record": 1, "randopt_records_table": 1}
+         "randopt_record": 1, "randopt_records_table": 1, "rl_evidence_record": 1, "claims_append": 1}
 
 
 def smk(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -78,7 +78,7 @@ def test_gpu_preset_plans_the_rl_evidence_only(tmp_path, preset):
                                   "operator_checks": 1, "speedup_launch": 1, "speedup_next_launch": 2,
                                   "paired_speedup": 1,
                                   "deterministic_run": 4, "bitwise_compare": 3, "bitwise_summary": 1,
-                                  "rl_evidence": 1}
+                                  "rl_evidence_record": 1, "claims_append": 1, "rl_evidence": 1}
     assert "--source random" in proc.stdout and "--scale real --device cuda" in proc.stdout
 
 
@@ -166,6 +166,16 @@ def test_full_run_then_nothing_to_do(tiny_workflow):
     bit = json.loads((res / "bitwise/wftest/comparison.json").read_text())
     verdicts = {c["candidate"]: (c["pass"], c["as_expected"]) for c in bit["comparisons"]}
     assert verdicts == {"optimized": (True, True), "baseline_repeat": (True, True), "control": (False, True)}
+    # the run's own claims: its speedups and bitwise verdicts as an evidence record, in the run's ledger
+    rl = json.loads((res / "evidence/rl-paired-tiny-test/record.json").read_text())
+    ids = {c["id"]: c for c in rl["claims"]}
+    assert rl["kind"] == "rl" and rl["command"] == "snakemake --cores all rl_evidence --configfile " \
+        f"{workdir / 'config.yaml'}" and len(rl["provenance"]["sources_sha256"]) == 64
+    assert ids["rl-paired-tiny-test.full.speedup"]["values"] == [speed["headline"]["ratio"]]
+    assert ids["rl-paired-tiny-test.bitwise.optimized.equal_share"]["median"] == 1.0
+    assert ids["rl-paired-tiny-test.bitwise.control.first_divergence_step"]["median"] == 0
+    assert {"rl-paired-tiny-test.training_code_alone.speedup", "rl-paired-tiny-test.full.ab_gap"} <= ids.keys()
+    assert all(f"`{i}`" in (res / "claims/CLAIMS.md").read_text() for i in ids)
 
     record = json.loads((res / "randopt/wftest/record.json").read_text())
     assert record["experiment"] == "wftest" and record["population"]["size"] == 4
@@ -176,6 +186,33 @@ def test_full_run_then_nothing_to_do(tiny_workflow):
 
     again = smk(workdir, "-n", "--cores", "2")
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_rl_record_refuses_a_wrong_trainer_or_a_speedup_off_the_bitwise_run(tiny_workflow):
+    """The rl kind takes each comparison's speedup.json and the bitwise summary of the session's tiny run; a
+    summary whose control passed (not as expected) or a speedup not measured against the bit-identical run
+    is refused, and so is a set of inputs without exactly one summary."""
+    import copy
+
+    from workflow_src.bench.evidence import rl_claims
+    res = tiny_workflow.full().result() / "results"
+    speedups = [json.loads((res / f"speedup/{e}/speedup.json").read_text()) for e in ("full", "training_code_alone")]
+    summary = json.loads((res / "bitwise/wftest/comparison.json").read_text())
+    claims_ok = rl_claims("rl", [*speedups, summary])
+    assert [c["id"] for c in claims_ok][:2] == ["rl.full.speedup", "rl.full.ab_gap"]
+    assert all(c["repeats"] == len(c["values"]) >= 1 for c in claims_ok)
+    wrong = copy.deepcopy(summary)
+    control = next(c for c in wrong["comparisons"] if c["candidate"] == "control")
+    control.update({"pass": True, "as_expected": False})
+    wrong["all_as_expected"] = False
+    with pytest.raises(ValueError, match="control"):
+        rl_claims("rl", [*speedups, wrong])
+    off = copy.deepcopy(speedups[0])
+    off["bitwise"] = {**off["bitwise"], "pass": False, "reason": "no bitwise run with these switches"}
+    with pytest.raises(ValueError, match="no bitwise run"):
+        rl_claims("rl", [off, summary])
+    with pytest.raises(ValueError, match="one bitwise"):
+        rl_claims("rl", speedups)
 
 
 def test_forcerun_reruns_rule_and_dependents_only(tiny_workflow):

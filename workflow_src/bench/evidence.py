@@ -10,7 +10,11 @@ and the provenance block every other artifact carries (docs/design.md §2). The 
 Kinds: `engine` (workflow_src/bench/engine.py's JSON): per shape and engine, generated tokens/s and its share of
 the roofline floor; for the population, seeds/s on the RandOpt speedrun's clock and its share of the floor.
 `switch` (workflow_src/bench/perturb.py's JSONs, one per run): the weight switch's ms and share of the copy
-bandwidth per parameter set.
+bandwidth per parameter set. `rl` (the workflow's own results: each comparison's `speedup.json` and the
+bitwise `comparison.json`): per comparison, the paired speedup of every A → optimized → B triple and its
+largest A-vs-B gap; the share of the optimized trainer's compared values that are bit-equal and the step where
+the negative control first diverges. A record whose bitwise comparison did not come out as expected, or whose
+speedup was not measured against the bit-identical run, is refused: a fast wrong trainer is no claim.
 """
 
 from __future__ import annotations
@@ -101,13 +105,59 @@ def switch_claims(prefix: str, runs: Sequence[Mapping[str, Any]]) -> list[dict[s
     return out
 
 
+SPEEDUP_FORMAT = "speedproof.speedup/2"
+BITWISE_FORMAT = "speedproof.bitwise-summary/2"
+
+
+def rl_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    speedups = [r for r in raws if r.get("format") == SPEEDUP_FORMAT]
+    summaries = [r for r in raws if r.get("format") == BITWISE_FORMAT]
+    if len(summaries) != 1 or not speedups or len(speedups) + 1 != len(raws):
+        raise ValueError(f"rl evidence: give each comparison's speedup.json ({SPEEDUP_FORMAT}) and one bitwise "
+                         f"comparison.json ({BITWISE_FORMAT})")
+    bitwise = summaries[0]
+    wrong = [c["candidate"] for c in bitwise["comparisons"] if not c["as_expected"]]
+    if wrong or not bitwise["all_as_expected"]:
+        raise ValueError(f"rl evidence: the bitwise comparison did not come out as expected ({', '.join(wrong)})")
+    out = []
+    for sp in sorted(speedups, key=lambda d: d["experiment"]):
+        exp, proto = sp["experiment"], sp["protocol"]
+        if not (sp["bitwise"] or {}).get("pass"):
+            raise ValueError(f"rl evidence: comparison {exp}: its optimized run is not the bit-identical one "
+                             f"({(sp['bitwise'] or {}).get('reason')})")
+        shape = (f"{proto['windows']} windows of {proto['window_steps']} steps after {proto['warmup']} warm-up, "
+                 f"{proto['mode']} mode")
+        out.append(claim(f"{prefix}.{exp}.speedup",
+                         f"RL step, optimized trainer against the faster baseline of each A→opt→B triple, the "
+                         f"minimum over windows ({exp} comparison; {shape}); one value per triple",
+                         "×", [r["headline"]["ratio"] for r in sp["repeats"]]))
+        gaps = {}
+        for w in sp["noise"]["windows"]:
+            gaps[w["repeat"]] = max(gaps.get(w["repeat"], 0.0), w["ab_gap"])
+        out.append(claim(f"{prefix}.{exp}.ab_gap",
+                         f"the largest gap between baselines A and B in a window ({exp}): the protocol's noise",
+                         "share", [gaps[r] for r in sorted(gaps)]))
+    for c in sorted(bitwise["comparisons"], key=lambda c: c["candidate"]):
+        where = f"{c['steps']} steps on {c['ranks']} rank(s), {c['compared']} values"
+        if c["expect"] == "pass":
+            out.append(claim(f"{prefix}.bitwise.{c['candidate']}.equal_share",
+                             f"share of the {c['candidate']} run's values bit-equal to the {c['reference']} run's "
+                             f"({where})", "share", [(c["compared"] - c["different"]) / c["compared"]]))
+        elif isinstance(c["first_divergence"]["step"], int):  # not when only the final items differ
+            out.append(claim(f"{prefix}.bitwise.{c['candidate']}.first_divergence_step",
+                             f"step where the negative control {c['candidate']} first differs from the "
+                             f"{c['reference']} run ({where}; expected to differ)", "step",
+                             [c["first_divergence"]["step"]]))
+    return out
+
+
 def _engine(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     if len(raws) != 1:
         raise ValueError("the engine bench repeats inside one run: give one --bench file")
     return engine_claims(prefix, raws[0])
 
 
-KINDS = {"engine": _engine, "switch": switch_claims}
+KINDS = {"engine": _engine, "switch": switch_claims, "rl": rl_claims}
 
 
 def build_record(kind: str, claim_name: str, raws: Sequence[Mapping[str, Any]], prov: Mapping[str, Any],
@@ -124,7 +174,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("kind", choices=sorted(KINDS))
     parser.add_argument("--bench", type=Path, nargs="+", required=True,
-                        help="the benchmark's JSON output (switch: one per run, run back to back)")
+                        help="the benchmark's JSON output (switch: one per run, run back to back; rl: each "
+                             "comparison's speedup.json and the bitwise comparison.json)")
     parser.add_argument("--claim", required=True, help="the record's name, the prefix of its claims' ids")
     parser.add_argument("--command", required=True, help="the command that reproduces the record")
     parser.add_argument("--environment")

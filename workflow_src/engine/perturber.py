@@ -107,7 +107,7 @@ class Perturber(LaidOut):
         if backend == "auto":
             backend = "triton" if devices == {"cuda"} else "reference"
         self.backend = backend
-        self.current: tuple[int, float] | None = None  # (seed, sigma) now in the weights; None: the base
+        self.current: tuple[int, float] | None = None  # (seed, sigma) in the weights; None: the base
         self._graph = None  # the captured switch (CUDA, triton backend), made on first use
 
     @torch.no_grad()
@@ -117,7 +117,8 @@ class Perturber(LaidOut):
         self._check_storage()
         if self.backend == "triton" and all(t.device.type == "cuda" for t in self.targets.values()):
             # One CUDA-graph replay of every tensor's launch (seed and σ read from device memory): the
-            # per-launch host overhead dominated the switch for many small tensors (docs/benchmarks).
+            # per-launch host overhead dominates the switch for many small tensors (docs/experiments.md,
+            # One Triton launch per tensor, without a CUDA graph).
             if self._graph is None:
                 from workflow_src.kernels.perturb import SwitchGraph
                 self._graph = SwitchGraph(self.base, self.targets, self.layout, scheme=self.scheme)

@@ -64,8 +64,8 @@ ATTENTION = ("sdpa", "triton")
 @contextlib.contextmanager
 def torch_deterministic_mode_off():
     """torch's deterministic mode (the RandOpt runtime turns it on) off for the decode step, and back as it was.
-    Under it every KV-cache write (an index_put_) goes through a sort and every new tensor is filled with NaN:
-    2.4x the step's time at 7B on the H200 (docs/benchmarks/2026-12-01-h200-weight-switch-and-attention.md).
+    Under it every KV-cache write (an index_put_) goes through a sort and every new tensor is filled with NaN
+    (docs/experiments.md, "The decode step under torch's deterministic mode").
     The step needs neither: each slot writes its own cache row once, so the writes cannot race, and its
     other ops (GEMMs under the runtime's cuBLAS workspace setting, our Triton kernels, SDPA's forward) are
     deterministic; the tests replay steps and compare bits."""
@@ -279,7 +279,7 @@ class StaticEngine:
         `compact`: once no prompt waits, the step runs over the live slots only (the module's "Ragged ends";
         None: on a GPU, not on the CPU, where the embedded default's tokens stay those of a full batch).
         `fused`, `packed`, `attention`, `launch`: SlotDecoder's options; None (the default) chooses, where the model is
-        on a GPU, fused, packed and `triton` (faster there: docs/benchmarks/2026-12-01-h200-engine-decode.md),
+        on a GPU, fused, packed and `triton` (docs/experiments.md has what they were measured against),
         and on the CPU none of them and `sdpa` (the kernels would run in Triton's interpreter). Packing
         happens here, before anyone (a Perturber) holds the weights' storage."""
         if batch_size < 1:

@@ -1,12 +1,10 @@
 """RoPE of a decode step's one token per slot, with its key and value written into the slot KV cache.
 
-Reference: `rope_cache_reference`, what the static engine's decode step did op by op: gather cos/sin at each
-slot's position from the rotary table, rotate q and k (`rope.apply_rope`), and write the rotated key and the
-value into the cache at [slot, kv_head, position] (two index_put copies). Kernel: `rope_cache`, all of it in
-one launch (one program per slot: its query heads, its key heads and its value heads as three tiles), in place
-of four launches per layer and two gathers per step (at 7B on the H200: 0.36 ms of RoPE and index_puts became
-0.085 ms; with the residual adds moved into the norms the step is 0.27-0.30 ms shorter;
-docs/benchmarks/2026-12-02-h200-decode-step-launches.md).
+Reference: `rope_cache_reference`, the same work op by op: gather cos/sin at each slot's position from the
+rotary table, rotate q and k (`rope.apply_rope`), and write the rotated key and the value into the cache at
+[slot, kv_head, position] (two index_put copies). Kernel: `rope_cache`, all of it in one launch (one program
+per slot: its query heads, its key heads and its value heads as three tiles), in place of the reference's
+four launches per layer and two gathers per step.
 
 The rotation is `rope.py`'s forward (the same `_rotate`: eager's roundings, nothing contracted), so on CUDA the
 bits are eager's; values are copied as raw bits. Only mul, add and negation: the CPU interpreter gives the
