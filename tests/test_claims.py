@@ -116,3 +116,20 @@ def test_switch_claims_take_each_runs_median_and_refuse_wrong_bits():
     with pytest.raises(ValueError, match="bits differ"):
         evidence.switch_claims("sw", [switch_run(8.7), switch_run(8.0, equal=False)])
 
+
+
+def test_a_record_built_later_takes_its_inputs_provenance_and_refuses_mixed_code():
+    """--provenance-from-inputs (a record built from a run's artifacts after the fact): the inputs' own block and
+    the last launch's end; inputs from two source trees, or without a block or a date, are refused."""
+    def run(sources, end):
+        return {"provenance": {"git": {"commit": "abc", "dirty": False}, "sources_sha256": sources},
+                "launches": {"A": {"end": {"iso": end}}}}
+    prov, date = evidence.inputs_provenance([run("s1", "2026-12-01T10:00:00+00:00"),
+                                             run("s1", "2026-12-01T11:00:00+00:00"), {"format": "x"}])
+    assert prov["sources_sha256"] == "s1" and date == "2026-12-01T11:00:00+00:00"
+    with pytest.raises(ValueError, match="different code"):
+        evidence.inputs_provenance([run("s1", "2026-12-01T10:00:00+00:00"), run("s2", "2026-12-01T10:00:00+00:00")])
+    with pytest.raises(ValueError, match="no input carries"):
+        evidence.inputs_provenance([{"format": "x"}])
+    with pytest.raises(ValueError, match="when it was measured"):
+        evidence.inputs_provenance([{"provenance": {"git": None, "sources_sha256": "s"}}])

@@ -354,3 +354,20 @@ def test_move_slots_moves_each_slot_whole(model_and_tokenizer):
     assert dec.tokens.tolist() == [4, 1, 5, 3, 4, 5] and dec.left.tolist() == [34, 31, 35, 33, 34, 35]
     for old, new in zip(before, (*dec.lean.k, *dec.lean.v)):
         assert torch.equal(new[[0, 2]], old[[4, 5]]) and torch.equal(new[[1, 3, 4, 5]], old[[1, 3, 4, 5]])
+
+
+def test_what_the_step_graphs_read_stays_where_it_lies(model_and_tokenizer, prompts):
+    """A captured step reads its inputs from fixed buffers: across generate calls the decoder's stop tokens,
+    tokens, positions, liveness and tokens left stay the same tensors (a fresh tensor per call would leave a
+    replayed graph reading freed memory); other stop tokens give another decoder."""
+    model, tok = model_and_tokenizer
+    engine = StaticEngine(model, tok, 4)
+    first = engine.generate(prompts, 8)
+    dec = engine._decoder
+    buffers = [t.data_ptr() for t in (dec.stop_ids, dec.tokens, dec.positions, dec.live, dec.left)]
+    assert dec.stop_tokens == tuple(sorted(engine.stops)) and dec.stop_ids.numel() == len(engine.stops)
+    assert engine.generate(prompts, 8) == first and engine._decoder is dec
+    assert [t.data_ptr() for t in (dec.stop_ids, dec.tokens, dec.positions, dec.live, dec.left)] == buffers
+    engine.stops = set()
+    engine.generate(prompts[:2], 3)
+    assert engine._decoder is not dec and engine._decoder.stop_tokens == ()

@@ -170,6 +170,23 @@ def build_record(kind: str, claim_name: str, raws: Sequence[Mapping[str, Any]], 
             "claims": KINDS[kind](claim_name, raws), "raw": list(raws), "provenance": dict(prov)}
 
 
+def inputs_provenance(raws: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], str]:
+    """The provenance block and date of a run's own artifacts, for a record built from them after the fact:
+    every input that carries a provenance block must name the same commit and sources; the date is when the
+    last launch they describe ended."""
+    blocks = [r["provenance"] for r in raws if r.get("provenance")]
+    if not blocks:
+        raise ValueError("--provenance-from-inputs: no input carries a provenance block")
+    keys = {(json.dumps(b.get("git"), sort_keys=True), b.get("sources_sha256")) for b in blocks}
+    if len(keys) != 1:
+        raise ValueError(f"--provenance-from-inputs: the inputs come from different code ({len(keys)} commits or "
+                         "source trees)")
+    ends = [m["end"]["iso"] for r in raws for m in (r.get("launches") or {}).values() if "end" in m]
+    if not ends:
+        raise ValueError("--provenance-from-inputs: no input says when it was measured (launch end times)")
+    return dict(blocks[0]), max(ends)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("kind", choices=sorted(KINDS))
@@ -180,11 +197,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--command", required=True, help="the command that reproduces the record")
     parser.add_argument("--environment")
     parser.add_argument("--config-sections", nargs="*", default=[])
+    parser.add_argument("--provenance-from-inputs", action="store_true",
+                        help="take the provenance block and the date from the inputs (a record built later from a "
+                             "run's artifacts, here or elsewhere), not from this checkout")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     environment = json.loads(Path(args.environment).read_text()) if args.environment else None
-    rec = build_record(args.kind, args.claim, [json.loads(p.read_text()) for p in args.bench],
-                       provenance(args.config_sections, None, args.environment), environment, args.command)
+    raws = [json.loads(p.read_text()) for p in args.bench]
+    if args.provenance_from_inputs:
+        prov, date = inputs_provenance(raws)
+    else:
+        prov, date = provenance(args.config_sections, None, args.environment), None
+    rec = build_record(args.kind, args.claim, raws, prov, environment, args.command, date=date)
     atomic_write_json(args.out, rec)
     for c in rec["claims"]:
         print(f"{c['id']}: {c['median']:.4g} {c['unit']} ({c['min']:.4g} … {c['max']:.4g}, {c['repeats']} runs)")

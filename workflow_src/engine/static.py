@@ -85,8 +85,10 @@ class SlotDecoder:
     decode step over every slot (optionally as a CUDA graph)."""
 
     def __init__(self, model: PreTrainedModel, slots: int, capacity: int, graphs: bool, span_bucket: int = 128,
-                 fused: bool = False, packed: bool = False, attention: str = "sdpa", launch: Launch = DEFAULT_LAUNCH):
-        """`fused`: RMSNorm (+ residual add), RoPE and SiLU×up through the fused Triton kernels (bit-equal to the
+                 fused: bool = False, packed: bool = False, attention: str = "sdpa", launch: Launch = DEFAULT_LAUNCH,
+                 stop_tokens: Sequence[int] = ()):
+        """`stop_tokens`: the tokens that end a sequence in `advance` (fixed for the decoder's life: its graphs
+        read them where they lie). `fused`: RMSNorm (+ residual add), RoPE and SiLU×up through the fused Triton kernels (bit-equal to the
         eager ops, so the tokens do not change; CUDA). `packed`: q/k/v and gate/up each as one GEMM over
         packed weights (`model/packed_projections.py`; a wider GEMM may round differently). `attention`:
         `sdpa` (torch SDPA over the live span with a mask; one graph per span) or `triton`
@@ -106,7 +108,8 @@ class SlotDecoder:
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)
         self.live = torch.zeros(slots, dtype=torch.long, device=device)  # 1 where a slot decodes: only those advance
         self.left = torch.zeros(slots, dtype=torch.long, device=device)  # tokens each slot may still generate
-        self.stop_ids = torch.zeros(0, dtype=torch.long, device=device)  # tokens that end a sequence (advance)
+        self.stop_tokens = tuple(sorted(stop_tokens))
+        self.stop_ids = torch.tensor(self.stop_tokens, dtype=torch.long, device=device)
         self.key_index = torch.arange(capacity, device=device)
         self.graphs = graphs and device.type == "cuda"
         # (what, rows, span) -> (graph, its output): what is "logits" (decode) or "tokens" (advance)
@@ -309,17 +312,18 @@ class StaticEngine:
                 "compact": self.compact}
 
     def _decoder_for(self, capacity: int, slots: int) -> SlotDecoder:
-        """The decoder (and its captured graph) is kept while it has these slots and enough capacity: weights
-        are read in place. Another slot count replaces it (one KV cache at a time)."""
+        """The decoder (and its captured graphs) is kept while it has these slots, enough capacity and the engine's
+        stop tokens: weights are read in place. Anything else replaces it (one KV cache at a time)."""
         limit = self.model.config.max_position_embeddings
         if capacity > limit:
             raise ValueError(f"static engine: prompt + max_new_tokens needs {capacity} positions; the model has "
                              f"{limit}")
-        if self._decoder is None or self._decoder.capacity < capacity or self._decoder.slots != slots:
-            self._decoder = None  # free the old cache before the new one is allocated
+        old = self._decoder
+        if old is None or old.capacity < capacity or old.slots != slots or old.stop_tokens != tuple(sorted(self.stops)):
+            self._decoder = old = None  # free the old cache before the new one is allocated
             self._decoder = SlotDecoder(self.model, slots, capacity, self.graphs, self.span_bucket,
                                         fused=self.fused, packed=self.packed, attention=self.attention,
-                                        launch=self.launch)
+                                        launch=self.launch, stop_tokens=self.stops)
         return self._decoder
 
     def generate(self, prompts: Sequence[str], max_new_tokens: int, batch_size: int | None = None,
@@ -380,7 +384,6 @@ class StaticEngine:
         live.zero_()
         left.zero_()
         positions.zero_()
-        decoder.stop_ids = torch.tensor(sorted(self.stops), dtype=torch.long, device=device)
         unread: deque = deque()  # launched steps: (their tokens on the host once the event fires, event, owners)
         ladder = row_counts(decoder.slots)
         rows = decoder.slots  # the steps run over slots 0..rows-1; every occupied slot is below rows
