@@ -36,7 +36,9 @@ if "conda" not in {str(m).lower() for m in workflow.deployment_settings.deployme
 shell.prefix(_prefix)
 
 
-report: "workflow_src/report/captions/workflow.rst"
+# The report lands on the run's verdicts (rule run_summary's text) once they exist, else on the description.
+_landing = os.path.abspath("results/report/landing.rst")
+report: _landing if os.path.exists(_landing) else "workflow_src/report/captions/workflow.rst"
 
 
 scattergather:
@@ -55,6 +57,7 @@ localrules:
     rl_evidence,
     randopt_evidence,
     rl_evidence_record,
+    run_summary,
 
 
 include: "rules/common.smk"
@@ -73,6 +76,7 @@ include: "rules/randopt.smk"
 include: "rules/evidence_common.smk"
 include: "rules/evidence.smk"
 include: "rules/manifest.smk"
+include: "rules/summary.smk"
 
 
 # Config values become path components (experiment, checkpoint, comparison and run names): the schema allows

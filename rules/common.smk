@@ -81,4 +81,4 @@ def experiment_sections():
 
 def final_outputs():
     return report_outputs() + [f"results/manifests/{EXP}.json", f"results/randopt/{EXP}/record.appended",
-                               f"results/evidence/rl-paired-{MODEL}/record.appended"]
+                               f"results/evidence/rl-paired-{MODEL}/record.appended", "results/summary.md"]

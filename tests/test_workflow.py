@@ -36,7 +36,8 @@ SPINE = {"config_section": 16, "environment": 1, "reward_environment": 1, "check
          "operator_checks": 1, "experiment_manifest": 1, "all": 1,
          "heldout_text": 1, "randopt_base": 1, "randopt_population": 2, "randopt_gather": 1, "randopt_topk_answers": 1,
          "randopt_select_vote": 1, "randopt_probes": 1, "randopt_bpb": 1, "randopt_sigma_stats": 1, "randopt_plots": 1,
-         "randopt_record": 1, "randopt_records_table": 1, "rl_evidence_record": 1, "claims_append": 1}
+         "randopt_record": 1, "randopt_records_table": 1, "rl_evidence_record": 1, "claims_append": 1,
+         "run_summary": 1}
 
 
 def smk(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -240,3 +241,36 @@ def test_report_builds_with_the_plot(tiny_workflow, tmp_path):
     html = (workdir / "results/report.html").read_text()
     assert "tiny-test.png" in html and "summary.html" in html
     assert "Pretraining" in html
+    check_landing_view(workdir)
+
+
+CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
+
+
+def check_landing_view(workdir: Path) -> None:
+    """The report opened in headless Chromium (JavaScript run, as a user's browser runs it) shows the run's
+    verdicts on its landing view: each comparison's headline, each bitwise verdict and RandOpt's base against
+    ensemble, read from the artifacts, in the rendered page outside any script."""
+    import html as html_lib
+    import re
+    import shutil
+    browser = next((b for b in map(shutil.which, CHROMIUM) if b), None)
+    if browser is None:
+        pytest.skip("no Chromium for the browser check: apt-get install chromium (.ci/run does)")
+    proc = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                           f"--user-data-dir={workdir / 'chromium-profile'}", "--virtual-time-budget=10000",
+                           "--dump-dom", (workdir / "results/report.html").as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    page = re.sub(r"<(script|style)\b.*?</\1>", " ", proc.stdout, flags=re.S)
+    text = html_lib.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page)))
+    res = workdir / "results"
+    for exp in ("full", "training_code_alone"):
+        speed = json.loads((res / f"speedup/{exp}/speedup.json").read_text())
+        assert f"{exp} : {speed['headline']['text']}" in text, exp
+    for c in json.loads((res / "bitwise/wftest/comparison.json").read_text())["comparisons"]:
+        assert f"{c['candidate']} against {c['reference']}: {c['message']}" in text, c["candidate"]
+    head = json.loads((res / "randopt/wftest/record.json").read_text())["accuracy"]["headline"]
+    assert f"against base {head['base_accuracy']:.1%} on {head['n']} test problems" in text
+    assert ("within noise" if head["within_noise"] else "beyond noise") in text
