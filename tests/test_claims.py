@@ -133,3 +133,18 @@ def test_a_record_built_later_takes_its_inputs_provenance_and_refuses_mixed_code
         evidence.inputs_provenance([{"format": "x"}])
     with pytest.raises(ValueError, match="when it was measured"):
         evidence.inputs_provenance([{"provenance": {"git": None, "sources_sha256": "s"}}])
+
+
+def test_randopt_records_become_claims_and_nothing_else_does():
+    """The randopt kind reads RandOpt records (the shipped design sweep of the embedded default): one base accuracy
+    and one ensemble-minus-base row per K and experiment, the CI and McNemar's p in the text; other inputs are
+    refused."""
+    rec = json.loads((REPO / "docs/evidence/randopt-default-sweep/record.json").read_text())
+    rows = evidence.randopt_claims("sweep", rec["raw"])
+    assert len(rows) == sum(1 + len(r["accuracy"]["sweep"]) for r in rec["raw"])
+    one = rec["raw"][0]
+    k = one["accuracy"]["sweep"][-1]
+    row = next(c for c in rows if c["id"] == f"sweep.{one['experiment']}.k{k['k']}.ensemble_minus_base")
+    assert row["values"] == [k["delta"] * 100] and "McNemar p" in row["what"] and "paired bootstrap CI" in row["what"]
+    with pytest.raises(ValueError, match="RandOpt records"):
+        evidence.randopt_claims("sweep", [{"format": "speedproof.speedup/2"}])

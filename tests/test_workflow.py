@@ -102,6 +102,18 @@ def test_randopt_preset_plans_the_randopt_evidence_only(tmp_path, preset, task, 
     assert '"engine": "static"' in proc.stdout and f"task.{task}" in proc.stdout
 
 
+@pytest.mark.parametrize("preset", ["trained", "undertrained-s0", "undertrained-s1", "undertrained-s2"])
+def test_default_sweep_presets_plan_their_randopt_runs(tmp_path, preset):
+    """The embedded default's design sweep (docs/randopt.md, The embedded default): each preset validates and
+    plans its RandOpt run on the static engine (a plan; the runs are the shipped record's)."""
+    cfg = REPO / "config/presets/randopt-default-sweep" / f"{preset}.yaml"
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
+                           str(tmp_path), "randopt_evidence", "--configfile", str(cfg), "-n", "--cores", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert jobs_planned(proc)["randopt_record"] == 1 and '"engine": "static"' in proc.stdout
+
+
 def test_vllm_overlay_plans_generation_in_the_vllm_environment(tmp_path):
     """The vllm overlay on the GSM8K preset plans the RandOpt evidence with the generating jobs run by vLLM's own
     interpreter and the rest by the workflow's (a plan: no vLLM, Hub or GPU here); without that interpreter

@@ -15,6 +15,8 @@ bitwise `comparison.json`): per comparison, the paired speedup of every A → op
 largest A-vs-B gap; the share of the optimized trainer's compared values that are bit-equal and the step where
 the negative control first diverges. A record whose bitwise comparison did not come out as expected, or whose
 speedup was not measured against the bit-identical run, is refused: a fast wrong trainer is no claim.
+`randopt` (RandOpt records, `results/randopt/{exp}/record.json`): the base's test accuracy and each top-K
+ensemble's difference from it, with the paired bootstrap CI and McNemar's p in the claim's text.
 """
 
 from __future__ import annotations
@@ -151,13 +153,38 @@ def rl_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, 
     return out
 
 
+RANDOPT_FORMAT = "speedproof.randopt-record/1"
+
+
+def randopt_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per RandOpt record (results/randopt/{exp}/record.json): the base's test accuracy and, per K, the top-K
+    ensemble's accuracy minus the base's, with its paired bootstrap CI and McNemar's p in the claim's text."""
+    if not raws or any(r.get("format") != RANDOPT_FORMAT for r in raws):
+        raise ValueError(f"randopt evidence: give RandOpt records ({RANDOPT_FORMAT})")
+    out = []
+    for rec in sorted(raws, key=lambda r: r["experiment"]):
+        exp, pop, sweep = rec["experiment"], rec["population"], rec["accuracy"]["sweep"]
+        setup = f"{pop['size']} seeds over σ {pop['sigmas']}"
+        n = sweep[0]["n"]
+        out.append(claim(f"{prefix}.{exp}.base_accuracy", f"base test accuracy of {rec['model']['name']} on {n} "
+                         f"problems (greedy), experiment {exp}", "share", [sweep[0]["base_accuracy"]]))
+        for r in sweep:
+            noise = "within noise" if r["within_noise"] else "beyond noise"
+            out.append(claim(f"{prefix}.{exp}.k{r['k']}.ensemble_minus_base",
+                             f"top-{r['k']} majority-vote ensemble minus base test accuracy ({setup}; {n} problems): "
+                             f"{r['ci_level']:.0%} paired bootstrap CI [{r['ci_low'] * 100:+.2f}, "
+                             f"{r['ci_high'] * 100:+.2f}] pp, McNemar p = {r['mcnemar_p']:.3g}, {noise}",
+                             "pp", [r["delta"] * 100]))
+    return out
+
+
 def _engine(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     if len(raws) != 1:
         raise ValueError("the engine bench repeats inside one run: give one --bench file")
     return engine_claims(prefix, raws[0])
 
 
-KINDS = {"engine": _engine, "switch": switch_claims, "rl": rl_claims}
+KINDS = {"engine": _engine, "switch": switch_claims, "rl": rl_claims, "randopt": randopt_claims}
 
 
 def build_record(kind: str, claim_name: str, raws: Sequence[Mapping[str, Any]], prov: Mapping[str, Any],
@@ -182,6 +209,7 @@ def inputs_provenance(raws: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any]
         raise ValueError(f"--provenance-from-inputs: the inputs come from different code ({len(keys)} commits or "
                          "source trees)")
     ends = [m["end"]["iso"] for r in raws for m in (r.get("launches") or {}).values() if "end" in m]
+    ends += [r["date"] for r in raws if r.get("format") == RANDOPT_FORMAT]
     if not ends:
         raise ValueError("--provenance-from-inputs: no input says when it was measured (launch end times)")
     return dict(blocks[0]), max(ends)
