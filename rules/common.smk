@@ -3,6 +3,7 @@ import json
 
 EXP = config["experiment"]
 MODEL = config["checkpoint"]["name"]
+RL_CLAIM = f"rl-paired-{MODEL}"  # the RL subject's evidence record (rules/evidence.smk)
 CKPT_SOURCE = config["checkpoint"]["source"]
 
 
@@ -61,7 +62,7 @@ def report_outputs():
 def rl_evidence_outputs():
     outs = ["results/env/environment.json", "results/env/reward_environment.json", f"results/checkpoints/{MODEL}",
             "results/operators/receipt.json", "results/operators/receipt.html",
-            f"results/evidence/rl-paired-{MODEL}/record.appended"]
+            f"results/evidence/{RL_CLAIM}/record.appended"]
     return outs + speedup_outputs() + bitwise_outputs()
 
 
@@ -81,4 +82,4 @@ def experiment_sections():
 
 def final_outputs():
     return report_outputs() + [f"results/manifests/{EXP}.json", f"results/randopt/{EXP}/record.appended",
-                               f"results/evidence/rl-paired-{MODEL}/record.appended", "results/summary.md"]
+                               f"results/evidence/{RL_CLAIM}/record.appended", "results/summary.md"]

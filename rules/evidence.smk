@@ -68,7 +68,7 @@ rule switch_bench_record:
 # The RL subject's paired speedups and bitwise verdicts (target rl_evidence) as one record in the ledger.
 rule rl_evidence_record:
     input:
-        speedups=[f"results/speedup/{exp}/speedup.json" for exp in sorted(speedup_config()["comparisons"])],
+        speedups=speedup_json_files(),
         bitwise=f"results/bitwise/{EXP}/comparison.json",
         sections=rl_evidence_sections(),
         environment="results/env/environment.json",

@@ -24,9 +24,6 @@ def switch_bench_runs():
     return [f"results/evidence/switch-bench/run{i + 1}.json" for i in range(config["evidence"]["switch_bench"]["runs"])]
 
 
-RL_CLAIM = f"rl-paired-{MODEL}"
-
-
 def rl_evidence_sections():
     """The config sections the RL subject's comparisons and its bitwise runs read."""
     sections = [section_file("environment")] + checkpoint_sections()

@@ -191,6 +191,11 @@ def speedup_paired_flags(wildcards, input):
     return " ".join(flags)
 
 
+def speedup_json_files():
+    """Each configured comparison's speedup.json."""
+    return [f"results/speedup/{exp}/speedup.json" for exp in sorted(speedup_config()["comparisons"])]
+
+
 def speedup_outputs(exps=None):
     """Final outputs of the paired speedup for each configured comparison (or the given ones)."""
     exps = sorted(speedup_config()["comparisons"]) if exps is None else exps

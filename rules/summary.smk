@@ -2,7 +2,7 @@
 # text, which the Snakefile's `report:` takes once it exists.
 rule run_summary:
     input:
-        speedups=[f"results/speedup/{exp}/speedup.json" for exp in sorted(speedup_config()["comparisons"])],
+        speedups=speedup_json_files(),
         bitwise=f"results/bitwise/{EXP}/comparison.json",
         randopt=f"results/randopt/{EXP}/record.json",
         records_appended=f"results/randopt/{EXP}/record.appended",

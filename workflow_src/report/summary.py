@@ -81,39 +81,35 @@ def records_line(rows: Sequence[Mapping[str, str]], record_id: str) -> str:
 
 def sections(speedups: Sequence[Mapping[str, Any]], bitwise: Mapping[str, Any] | None,
              randopt: Mapping[str, Any] | None, records: Sequence[Mapping[str, str]] | None) -> list[tuple]:
-    """(title, report category, lines) per part of the run that was made."""
+    """(report category, lines) per part of the run that was made."""
     out = []
     if speedups:
-        out.append(("Paired speedup", "Paired speedup",
+        out.append(("Paired speedup",
                     [x for sp in sorted(speedups, key=lambda s: s["experiment"]) for x in speedup_lines(sp)]))
     if bitwise is not None:
-        out.append(("Bitwise comparison", "Bitwise comparison", bitwise_lines(bitwise)))
+        out.append(("Bitwise comparison", bitwise_lines(bitwise)))
     if randopt is not None:
         lines = randopt_lines(randopt)
         if records is not None:
             lines.append(records_line(records, randopt["record_id"]))
-        out.append(("RandOpt", "RandOpt", lines))
+        out.append(("RandOpt", lines))
     return out
 
 
 def render_md(title: str, parts: list[tuple]) -> str:
     out = [f"# {title}", ""]
-    for name, _, lines in parts:
+    for name, lines in parts:
         out += [f"## {name}", ""] + [f"- {line}" for line in lines] + [""]
     out.append("The report (`results/report.html`) has every artifact behind these lines.")
     return "\n".join(out) + "\n"
 
 
-def _rst_inline(text: str) -> str:
-    return text.replace("`", "``") if "``" not in text else text
-
-
 def render_rst(title: str, intro: str, parts: list[tuple]) -> str:
     out = [title, "=" * len(title), "", intro, ""]
-    for name, category, lines in parts:
-        out += [name, "-" * len(name), ""] + [f"- {_rst_inline(line)}" for line in lines]
-        out += ["", f"Details: `{category}`_.", ""]
-    out.append("Also: " + ", ".join(f"`{c}`_" for c in CATEGORIES if c not in {p[1] for p in parts}) + ".")
+    for name, lines in parts:  # a Markdown `code` span is an rst ``literal``
+        out += [name, "-" * len(name), ""] + [f"- {line.replace('`', '``')}" for line in lines]
+        out += ["", f"Details: `{name}`_.", ""]
+    out.append("Also: " + ", ".join(f"`{c}`_" for c in CATEGORIES if c not in {name for name, _ in parts}) + ".")
     return "\n".join(out) + "\n"
 
 
