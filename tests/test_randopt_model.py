@@ -405,7 +405,9 @@ def test_cli_end_to_end(checkpoint, tmp_path, capsys):
     assert set(base["throughput"]) >= {"base_train", "base_test"} and "provenance" in base
     import importlib.util
     # recorded, never assumed: the default static engine on the CPU decodes through SDPA over the full batch
+    # and prefills every position through every layer
     assert base["model_info"]["attention"] == {"backend": "sdpa", "decode": "sdpa", "compact": False,
+                                               "trim_prefill": False,
                                                "flash_attn_importable": importlib.util.find_spec("flash_attn") is not None}
     assert base["throughput"]["base_train"]["prompts"] == 8 and base["throughput"]["base_train"]["generated_tokens"] > 0
     import torch

@@ -354,6 +354,54 @@ def test_move_slots_moves_each_slot_whole(model_and_tokenizer):
     assert dec.tokens.tolist() == [4, 1, 5, 3, 4, 5] and dec.left.tolist() == [34, 31, 35, 33, 34, 35]
     for old, new in zip(before, (*dec.lean.k, *dec.lean.v)):
         assert torch.equal(new[[0, 2]], old[[4, 5]]) and torch.equal(new[[1, 3, 4, 5]], old[[1, 3, 4, 5]])
+    # with a length, only the positions below it move (the ones a live slot has written)
+    dec.move_slots([1], [3], length=5)
+    for old, new in zip(before, (*dec.lean.k, *dec.lean.v)):
+        assert torch.equal(new[3, :, :5], old[1, :, :5]) and torch.equal(new[3, :, 5:], old[3, :, 5:])
+
+
+def test_prompts_are_encoded_once_for_repeated_calls(model_and_tokenizer, prompts):
+    """A population asks for the same prompts every seed: they are encoded on the first call only; other
+    prompts are encoded anew, and the tokens are those of a fresh engine."""
+    model, tok = model_and_tokenizer
+    calls = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(tok, name)
+
+        def __call__(self, texts, *args, **kwargs):
+            calls.append(len(texts))
+            return tok(texts, *args, **kwargs)
+    engine = StaticEngine(model, Counting(), 4)
+    first = engine.generate(prompts[:6], 6)
+    assert engine.generate(list(prompts[:6]), 6) == first and calls == [6]
+    assert engine.generate(prompts[1:4], 6) == StaticEngine(model, tok, 4).generate(prompts[1:4], 6)
+    assert calls == [6, 3]
+
+
+def test_trimmed_prefill_gives_the_tokens_of_the_full_prefill(model_and_tokenizer, prompts, monkeypatch):
+    """`trim_prefill`: the prefill's last layer runs its o_proj and MLP on each prompt's last position only.
+    The cache gets the same keys and values and, on this model's CPU GEMMs, the kept rows the same logits, so
+    the tokens equal those of the full prefill. The last layer did shrink (a spy on its MLP: the prefill's
+    alone, the decode step has its own)."""
+    from workflow_src.model.lean_qwen2 import LeanQwen2
+    model, tok = model_and_tokenizer
+    shapes: list[tuple[int, ...]] = []
+    mlp = LeanQwen2._mlp
+
+    def spy(self, li, x):
+        if li == len(self.layers) - 1:
+            shapes.append(tuple(x.shape))
+        return mlp(self, li, x)
+    monkeypatch.setattr(LeanQwen2, "_mlp", spy)
+    full = StaticEngine(model, tok, 4, trim_prefill=False).generate(prompts, 12)
+    assert shapes and all(len(s) == 3 and s[1] > 1 for s in shapes)  # [rows, prompt width, hidden]
+    shapes.clear()
+    trimmed = StaticEngine(model, tok, 4, trim_prefill=True)
+    assert trimmed.generate(prompts, 12) == full
+    assert shapes and all(len(s) == 2 and s[0] <= 4 for s in shapes)  # [rows, hidden]: each prompt's last position
+    assert StaticEngine(model, tok, 4).trim_prefill is False  # the CPU default prefills every position
 
 
 def test_what_the_step_graphs_read_stays_where_it_lies(model_and_tokenizer, prompts):

@@ -193,6 +193,18 @@ def test_gpu_silu_mul_equals_eager_autograd(dname):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("rows", [1, 128, 256])
+def test_gpu_silu_mul_of_a_decode_step_equals_eager(rows):
+    """A decode step's few rows (swiglu.SMALL_BLOCK) as the static engine has them: gate and up as the two
+    halves of one packed GEMM's output (Qwen2.5-7B, intermediate 18,944), bf16."""
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    gate_up = torch.randn(rows, 2 * 18944, generator=g, device="cuda").to(torch.bfloat16)
+    gate, up = gate_up.split(18944, dim=-1)
+    assert bit_equal(swiglu.silu_mul(gate, up), swiglu.silu_mul_reference(gate, up))
+
+
+@pytest.mark.gpu
+@gpu
 @pytest.mark.parametrize("dname", ["fp32", "bf16"])
 def test_gpu_swiglu_mlp_fused_equals_eager(dname):
     dtype = DT[dname]

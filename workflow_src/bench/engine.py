@@ -108,7 +108,8 @@ def parse_launch(value: str) -> Launch:
 STATIC_OPTIONS = {"span": ("span_bucket", int), "fused": ("fused", lambda v: bool(int(v))),
                   "packed": ("packed", lambda v: bool(int(v))), "graphs": ("graphs", lambda v: bool(int(v))),
                   "attention": ("attention", str), "launch": ("launch", parse_launch),
-                  "overlap": ("overlap", lambda v: bool(int(v))), "compact": ("compact", lambda v: bool(int(v)))}
+                  "overlap": ("overlap", lambda v: bool(int(v))), "compact": ("compact", lambda v: bool(int(v))),
+                  "trim": ("trim_prefill", lambda v: bool(int(v)))}
 
 
 def static_options(label: str) -> dict:
@@ -302,16 +303,18 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
         runs = []
         for _ in range(args.repeats):
             sync()
-            marks, generated = [time.perf_counter()], 0
+            marks, outputs = [time.perf_counter()], []
             for seed in seeds:
                 perturber.apply(seed, args.sigma)
                 completions = engine.generate(prompts, args.new_tokens, lengths=draws[seed])
                 sum(grader.grade(c, "0") for c in completions)
                 sync()
                 marks.append(time.perf_counter())
-                generated += sum(len(ids) for ids in tok(completions, add_special_tokens=False)["input_ids"])
+                outputs.append(completions)  # counted after the loop: re-encoding is not the sampling loop's work
             perturber.restore_base()
             sync()
+            generated = sum(len(ids) for completions in outputs
+                            for ids in tok(completions, add_special_tokens=False)["input_ids"])
             per_seed = [b - a_ for a_, b in zip(marks, marks[1:])]
             run = {"seconds": marks[-1] - marks[0], "seeds_per_s": len(seeds) / (marks[-1] - marks[0]),
                    "seed_seconds": per_seed, "generated_tokens_decoded": generated}

@@ -15,7 +15,8 @@ weights are read where they lie, so weights changed in place (RandOpt's perturba
 replay without a new capture. On a GPU the engine also uses, by default, the fused RMSNorm / RoPE / SiLU×up
 kernels (bit-equal to the eager ops; in the decode step RoPE also writes the key and value into the cache,
 kernels/rope_cache.py, and each residual add runs inside the next norm's kernel) and q/k/v and gate/up packed
-into one GEMM each (model/packed_projections.py). The host launches each decode step before it reads the
+into one GEMM each (model/packed_projections.py), and the prefill's last layer runs its o_proj and MLP
+on each prompt's last position only (`trim_prefill`). The host launches each decode step before it reads the
 previous step's tokens (`overlap`; what the tokens decide, which slots end and are refilled, is known one step
 later, the tokens are the same: `StaticEngine._run`).
 
@@ -23,7 +24,8 @@ Ragged ends. A slot whose sequence ended feeds position 0 until it is refilled, 
 whole past, and the step's other rows are untouched (every op is row by row). Once no prompt waits, the
 slots still decoding can leave the ended ones behind (`compact`, the GPU default): when they fit in a smaller
 row count of `row_counts` (the slots, each multiple of 8 below, 4, 2, 1), those at or above it move into
-free slots below it (their keys and values copied) and the steps run over that many rows (one graph each),
+free slots below it (their keys and values up to the position each feeds next, every layer's at once) and
+the steps run over that many rows (one graph each),
 so the GEMMs, norms and attention of a batch's long tail serve its live rows only, as an engine that batches
 live sequences (vLLM) does. A GEMM's kernel, and so its rounding, can depend on its row count: with `compact`
 a row's logits can differ from those of the same row in a full batch in the last bits; which rows a step
@@ -86,14 +88,16 @@ class SlotDecoder:
 
     def __init__(self, model: PreTrainedModel, slots: int, capacity: int, graphs: bool, span_bucket: int = 128,
                  fused: bool = False, packed: bool = False, attention: str = "sdpa", launch: Launch = DEFAULT_LAUNCH,
-                 stop_tokens: Sequence[int] = ()):
+                 stop_tokens: Sequence[int] = (), trim_prefill: bool = False):
         """`stop_tokens`: the tokens that end a sequence in `advance` (fixed for the decoder's life: its graphs
         read them where they lie). `fused`: RMSNorm (+ residual add), RoPE and SiLU×up through the fused Triton kernels (bit-equal to the
         eager ops, so the tokens do not change; CUDA). `packed`: q/k/v and gate/up each as one GEMM over
         packed weights (`model/packed_projections.py`; a wider GEMM may round differently). `attention`:
         `sdpa` (torch SDPA over the live span with a mask; one graph per span) or `triton`
         (`kernels/decode_attention.py`: each slot reads its keys up to its own position; one graph), launched
-        as `launch` (its block size and splits set the order of the sums, so the tokens may depend on it)."""
+        as `launch` (its block size and splits set the order of the sums, so the tokens may depend on it).
+        `trim_prefill`: the prefill's last layer runs its o_proj and MLP on each prompt's last position only
+        (LeanQwen2.hidden's `keep`; GEMMs of fewer rows may round that position differently)."""
         if attention not in ATTENTION:
             raise ValueError(f"static engine: attention {attention!r}; known: {list(ATTENTION)}")
         self.lean = LeanQwen2(model, slots, capacity, fused=fused)
@@ -101,7 +105,7 @@ class SlotDecoder:
             k.zero_()
             v.zero_()
         self.model, self.slots, self.capacity, self.span_bucket = model, slots, capacity, span_bucket
-        self.fused, self.attention, self.launch = fused, attention, launch
+        self.fused, self.attention, self.launch, self.trim_prefill = fused, attention, launch, trim_prefill
         self.packed = pack_projections(model) if packed else None
         device = model.model.embed_tokens.weight.device
         self.tokens = torch.zeros(slots, dtype=torch.long, device=device)
@@ -131,8 +135,10 @@ class SlotDecoder:
                 segments[-1] = Segment(last_seg.batch_row0, last_seg.cache_row0, last_seg.rows + 1, 0)
             else:
                 segments.append(Segment(i, slot, 1, 0))
-        h = self.lean.hidden(ids, segments)
         last = torch.tensor([len(p) - 1 for p in prompts], device=ids.device)
+        if self.trim_prefill:
+            return F.linear(self.lean.hidden(ids, segments, keep=last), self.model.lm_head.weight)
+        h = self.lean.hidden(ids, segments)
         return F.linear(h[torch.arange(len(prompts), device=ids.device), last], self.model.lm_head.weight)
 
     def span(self, furthest: int) -> int:
@@ -234,15 +240,19 @@ class SlotDecoder:
         return out
 
     @torch.no_grad()
-    def move_slots(self, src: list[int], dst: list[int]) -> None:
-        """Slot src[i] becomes slot dst[i] (its cached keys and values, token, position, liveness and tokens
-        left); the dst slots must not be among the src ones. The src slots keep what they held."""
+    def move_slots(self, src: list[int], dst: list[int], length: int | None = None) -> None:
+        """Slot src[i] becomes slot dst[i] (its cached keys and values at positions below `length` (None: all),
+        token, position, liveness and tokens left); the dst slots must not be among the src ones. The src slots
+        keep what they held. Every layer's cache moves in one gather and one scatter (LeanQwen2.kv)."""
         if not src:
             return
         device = self.tokens.device
         to, of = torch.tensor(dst, device=device), torch.tensor(src, device=device)
-        for cache in (*self.lean.k, *self.lean.v, self.tokens, self.positions, self.live, self.left):
-            cache.index_copy_(0, to, cache.index_select(0, of))
+        kv = self.lean.kv[:, :, :, :, :self.capacity if length is None else length]
+        with torch_deterministic_mode_off():  # distinct destinations: the writes cannot race
+            kv.index_copy_(2, to, kv.index_select(2, of))
+            for state in (self.tokens, self.positions, self.live, self.left):
+                state.index_copy_(0, to, state.index_select(0, of))
 
     def _capture(self, fn, span: int, rows: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # Warm-up on a side stream (lazy initializations must not happen during capture), then capture.
@@ -277,10 +287,12 @@ class StaticEngine:
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int,
                  meter: ThroughputMeter | None = None, progress=None, graphs: bool = True, span_bucket: int = 128,
                  fused: bool | None = None, packed: bool | None = None, attention: str | None = None,
-                 launch: Launch = DEFAULT_LAUNCH, overlap: bool = True, compact: bool | None = None):
+                 launch: Launch = DEFAULT_LAUNCH, overlap: bool = True, compact: bool | None = None,
+                 trim_prefill: bool | None = None):
         """`overlap`: launch each decode step before reading the previous one's tokens (`_run`; the same tokens).
         `compact`: once no prompt waits, the step runs over the live slots only (the module's "Ragged ends";
         None: on a GPU, not on the CPU, where the embedded default's tokens stay those of a full batch).
+        `trim_prefill`: SlotDecoder's (None: on a GPU, not on the CPU, for the same reason).
         `fused`, `packed`, `attention`, `launch`: SlotDecoder's options; None (the default) chooses, where the model is
         on a GPU, fused, packed and `triton` (docs/experiments.md has what they were measured against),
         and on the CPU none of them and `sdpa` (the kernels would run in Triton's interpreter). Packing
@@ -299,17 +311,19 @@ class StaticEngine:
             raise ValueError(f"static engine: attention {attention!r}; known: {list(ATTENTION)}")
         self.progress, self.graphs, self.launch, self.overlap = progress, graphs, launch, overlap
         self.compact = on_gpu if compact is None else compact
+        self.trim_prefill = on_gpu if trim_prefill is None else trim_prefill
         if self.packed:
             pack_projections(model)
         self.stops = stop_token_ids(model, tokenizer)
         self._decoder: SlotDecoder | None = None
+        self._encoded: tuple[tuple[str, ...], list[list[int]]] | None = None
 
     def attention_info(self) -> dict:
         """The decode steps' attention, for records (engine/attention.py); prefills use SDPA."""
         if self.attention != "triton":
-            return {"decode": "sdpa", "compact": self.compact}
+            return {"decode": "sdpa", "compact": self.compact, "trim_prefill": self.trim_prefill}
         return {"decode": "triton:kernels/decode_attention.py", "decode_launch": dataclasses.asdict(self.launch),
-                "compact": self.compact}
+                "compact": self.compact, "trim_prefill": self.trim_prefill}
 
     def _decoder_for(self, capacity: int, slots: int) -> SlotDecoder:
         """The decoder (and its captured graphs) is kept while it has these slots, enough capacity and the engine's
@@ -323,7 +337,8 @@ class StaticEngine:
             self._decoder = old = None  # free the old cache before the new one is allocated
             self._decoder = SlotDecoder(self.model, slots, capacity, self.graphs, self.span_bucket,
                                         fused=self.fused, packed=self.packed, attention=self.attention,
-                                        launch=self.launch, stop_tokens=self.stops)
+                                        launch=self.launch, stop_tokens=self.stops,
+                                        trim_prefill=self.trim_prefill)
         return self._decoder
 
     def generate(self, prompts: Sequence[str], max_new_tokens: int, batch_size: int | None = None,
@@ -340,7 +355,7 @@ class StaticEngine:
             raise ValueError(f"static engine: batch_size must be >= 1, got {slots}")
         if not prompts:
             return []
-        encoded = self.tokenizer(list(prompts))["input_ids"]
+        encoded = self._encode(prompts)
         if any(len(p) == 0 for p in encoded):
             raise ValueError("static engine: a prompt encodes to no tokens")
         decoder = self._decoder_for(max(len(p) for p in encoded) + max_new_tokens, slots)
@@ -351,17 +366,24 @@ class StaticEngine:
             self.model.eval()
             try:
                 limits = [max_new_tokens] * len(encoded) if lengths is None else list(lengths)
-                generated = self._run(decoder, encoded, limits)
+                texts: dict[int, str] = {}
+                self._run(decoder, encoded, limits, texts)
             finally:
                 self.model.train(was_training)
-        out = []
-        for tokens in generated:
-            cut = next((i for i, t in enumerate(tokens) if t in self.stops), len(tokens))
-            out.append(self.tokenizer.decode(tokens[:cut], skip_special_tokens=True))
-        return out
+        return [texts[i] for i in range(len(encoded))]
 
-    def _run(self, decoder: SlotDecoder, encoded: list[list[int]], limits: list[int]) -> list[list[int]]:
-        """Generate every prompt. The decoder's tokens and positions, which slots still decode (`live`) and how
+    def _encode(self, prompts: Sequence[str]) -> list[list[int]]:
+        """The prompts' token ids. A RandOpt population generates the same prompts once per seed, and the
+        device would wait while the host encodes them again (~15 ms for 128 prompts of 200 tokens): the last
+        call's prompts and ids are kept."""
+        key = tuple(prompts)
+        if self._encoded is None or self._encoded[0] != key:
+            self._encoded = (key, self.tokenizer(list(prompts))["input_ids"])
+        return self._encoded[1]
+
+    def _run(self, decoder: SlotDecoder, encoded: list[list[int]], limits: list[int],
+             texts: dict[int, str]) -> list[list[int]]:
+        """Generate every prompt: its tokens (returned) and, as each sequence ends, its text (`texts`, `_record`). The decoder's tokens and positions, which slots still decode (`live`) and how
         many tokens each may still make (`left`) live on the device and are advanced there by each step
         (SlotDecoder.advance), so the next step can be launched before the host has read this one's tokens
         (`overlap`): the host reads step t while step t+1 runs. A slot that ends at step t is already frozen
@@ -408,7 +430,7 @@ class StaticEngine:
             for slot, i, length in zip(slots, idx, lengths):
                 owner[slot], where[slot] = i, length
                 self.meter.count(prompts=1, prompt_tokens=length)
-            ended = self._record(first.tolist(), idx, generated, limits, owner, slots)
+            ended = self._record(first.tolist(), idx, generated, limits, owner, slots, texts)
             if ended:
                 at = torch.tensor(ended, device=device)
                 live[at] = 0
@@ -436,7 +458,7 @@ class StaticEngine:
             # a slot whose sequence ended at an earlier step (or that has been refilled since) was frozen
             current = [(s, o) for s, o in snapshot if owner[s] == o]
             self._record([new[s] for s, _ in current], [o for _, o in current], generated, limits, owner,
-                         [s for s, _ in current])
+                         [s for s, _ in current], texts)
             admit()
 
         def compact_rows() -> int:
@@ -445,7 +467,8 @@ class StaticEngine:
             target = fitting(sum(o is not None for o in owner[:rows]))
             movers = [slot for slot in range(target, rows) if owner[slot] is not None]
             holes = [slot for slot in range(target) if owner[slot] is None][:len(movers)]
-            decoder.move_slots(movers, holes)
+            # a mover's keys up to the position it feeds next are all it has written
+            decoder.move_slots(movers, holes, 1 + max((where[s] for s in movers), default=0))
             for src, dst in zip(movers, holes):
                 owner[dst], where[dst], owner[src] = owner[src], where[src], None
             return target
@@ -466,14 +489,18 @@ class StaticEngine:
                 admit()  # every admitted sequence ended at its prefill: admit more while the queue lasts
 
     def _record(self, new: list[int], idx: list[int], generated: list[list[int]], limits: list[int],
-                owner: list[int | None], slots: list[int]) -> list[int]:
-        """Append each slot's new token; free (and return) the slots whose sequence ended."""
+                owner: list[int | None], slots: list[int], texts: dict[int, str]) -> list[int]:
+        """Append each slot's new token; free (and return) the slots whose sequence ended, and decode their
+        text (up to the stop token) now: the host waits on the device during the steps, and a decode at the
+        end of the call would keep the device waiting on the host."""
         freed = []
         for tok, i, slot in zip(new, idx, slots):
             generated[i].append(tok)
-            if tok in self.stops or len(generated[i]) >= limits[i]:
+            stop = tok in self.stops
+            if stop or len(generated[i]) >= limits[i]:
                 owner[slot] = None
                 freed.append(slot)
+                texts[i] = self.tokenizer.decode(generated[i][:-1] if stop else generated[i], skip_special_tokens=True)
                 self.meter.count(generated_tokens=len(generated[i]))
                 if self.progress is not None:
                     self.progress.update(1)

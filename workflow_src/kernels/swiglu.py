@@ -170,6 +170,10 @@ def _silu_mul_kernels(interpret: bool):
 
 BLOCK = 1024
 NUM_WARPS = 4
+# A decode step's few rows give too few programs of BLOCK columns to keep the SMs busy: half the block there
+# (128 × 37,888 in a CUDA graph: 5.81 µs against 6.75, docs/experiments.md "Other launches of the SiLU×up
+# and add + RMSNorm kernels"). Elementwise: the bits do not depend on the block.
+SMALL_ROWS, SMALL_BLOCK = 256, 512
 
 
 def _rows(t: torch.Tensor, cols: int) -> torch.Tensor:
@@ -203,9 +207,10 @@ def silu_mul_forward(gate: torch.Tensor, up: torch.Tensor, variant: str | SiluMu
     if out.numel():
         g2, u2, o2 = _rows(gate, cols), _rows(up, cols), out.view(-1, cols)
         fwd, _ = _silu_mul_kernels(interpret)
-        fwd[(g2.shape[0], triton.cdiv(cols, BLOCK))](
+        block = SMALL_BLOCK if g2.shape[0] <= SMALL_ROWS else BLOCK
+        fwd[(g2.shape[0], triton.cdiv(cols, block))](
             bits_view(g2), bits_view(u2), bits_view(o2), cols, g2.stride(0), u2.stride(0), o2.stride(0),
-            **_options(v, interpret, kind))
+            **{**_options(v, interpret, kind), "BLOCK": block})
     return out
 
 

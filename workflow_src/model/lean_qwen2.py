@@ -62,9 +62,11 @@ class LeanQwen2:
         # The model's own rotary module on positions 0..max_len-1: RoPE is elementwise per position,
         # so table rows equal what the module computes for any position_ids tensor.
         self.cos, self.sin = rope_table(model.model.rotary_emb, max_len, dtype, device)  # [max_len, head_dim]
-        shape = (batch_rows, self.kv_heads, max_len, self.head_dim)
-        self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
-        self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
+        # One buffer for every layer's keys and values, so a copy of cache rows (the static engine's moved
+        # slots) is one gather and one scatter, not two per layer; self.k[li] / self.v[li] are its views.
+        self.kv = torch.empty((2, len(self.layers), batch_rows, self.kv_heads, max_len, self.head_dim), dtype=dtype,
+                              device=device)
+        self.k, self.v = list(self.kv[0]), list(self.kv[1])
         self.max_len = max_len
 
     @torch.no_grad()
@@ -95,13 +97,29 @@ class LeanQwen2:
         self._decode_graphs.clear()
 
     @torch.no_grad()
-    def hidden(self, ids: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
-        """Final normed hidden states [B, q, hidden] of `ids` (segments cover the rows in order)."""
+    def hidden(self, ids: torch.Tensor, segments: list[Segment], keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Final normed hidden states [B, q, hidden] of `ids` (segments cover the rows in order).
+
+        `keep` [B]: only position keep[b] of each row is wanted ([B, hidden] is returned). The last layer's
+        keys and values are all the cache needs of the other positions, so its o_proj and MLP and the final
+        norm run over the kept positions alone (a GEMM of other rows may round them differently)."""
         h, cos, sin = self._embed(ids, self._positions(ids, segments))
-        for li in range(len(self.layers)):
-            qs, ks, vs = self._qkv(li, h, cos, sin)
-            h = self._mlp_block(li, h, self._attend(li, qs, ks, vs, segments))
-        return self.rms(self.model.model.norm, h)
+        last = len(self.layers) - 1
+        # Each residual add runs in the next norm's op (add_norm: the add's bits, then the norm's): one pass
+        # over the hidden states fewer per add.
+        x = self.rms(self.layers[0].input_layernorm, h)
+        for li, layer in enumerate(self.layers):
+            qs, ks, vs = self._project(li, x, cos, sin)
+            o = self._attend(li, qs, ks, vs, segments)
+            if keep is not None and li == last:
+                rows = torch.arange(ids.shape[0], device=ids.device)
+                o, h = o[rows, keep], h[rows, keep]
+            attn, post = layer.self_attn, layer.post_attention_layernorm
+            x, h = self.add_norm(h, self._linear(o, attn.o_proj.weight, attn.o_proj.bias), post.weight,
+                                 post.variance_epsilon)
+            norm = self.layers[li + 1].input_layernorm if li < last else self.model.model.norm
+            x, h = self.add_norm(h, self._mlp(li, x), norm.weight, norm.variance_epsilon)
+        return x
 
     # The pieces of a forward, in order: embed, then per layer qkv → attend → mlp_block, then the final
     # norm. Only `_attend` depends on the segments' lengths (it reads and writes the cache); the others
@@ -115,10 +133,12 @@ class LeanQwen2:
         return F.embedding(ids, emb.weight, emb.padding_idx), self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
 
     def _qkv(self, li: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        B, q = h.shape[:2]
-        layer = self.layers[li]
-        attn = layer.self_attn
-        x = self.rms(layer.input_layernorm, h)
+        return self._project(li, self.rms(self.layers[li].input_layernorm, h), cos, sin)
+
+    def _project(self, li: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """q, k, v of the normed hidden states x, RoPE applied to q and k."""
+        B, q = x.shape[:2]
+        attn = self.layers[li].self_attn
         qs = self._linear(x, attn.q_proj.weight, attn.q_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
         ks = self._linear(x, attn.k_proj.weight, attn.k_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
         vs = self._linear(x, attn.v_proj.weight, attn.v_proj.bias).view(B, q, -1, self.head_dim).transpose(1, 2)
@@ -144,13 +164,17 @@ class LeanQwen2:
 
     def _mlp_block(self, li: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         layer = self.layers[li]
-        attn, norm, mlp = layer.self_attn, layer.post_attention_layernorm, layer.mlp
+        attn, norm = layer.self_attn, layer.post_attention_layernorm
         x, h = self.add_norm(h, self._linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight,
                              norm.variance_epsilon)
+        return h + self._mlp(li, x)
+
+    def _mlp(self, li: int, x: torch.Tensor) -> torch.Tensor:
+        mlp = self.layers[li].mlp
         weights = (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
         if self.gemm_rows is None:
-            return h + self.mlp(x, *weights)
-        return h + torch.cat([self.mlp(x_k, *weights) for x_k in torch.split(x, self.gemm_rows)])  # row-wise
+            return self.mlp(x, *weights)
+        return torch.cat([self.mlp(x_k, *weights) for x_k in torch.split(x, self.gemm_rows)])  # row-wise
 
     def rms(self, norm: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
         return self.norm(h, norm.weight, norm.variance_epsilon)
