@@ -26,7 +26,8 @@ most device (CPU: host) time: where a decode step goes, as a guide to the next o
 `--engines` takes engine names, and `static:key=value,...` for the static engine with other options: `span=N`
 (span_bucket N; a huge N attends over the whole cache capacity), `fused=0|1`, `packed=0|1`, `attention=sdpa|triton`,
 `graphs=0|1`, `overlap=0|1` (whether a decode step is launched before the previous one's tokens are read),
-`compact=0|1` (whether the steps leave ended sequences behind once no prompt waits),
+`compact=0|1` (whether the steps leave ended sequences behind once no prompt waits), `trim=0|1` (whether the
+prefill's last layer runs its o_proj and MLP on each prompt's last position only),
 `launch=block_n/num_warps/num_stages/splits` (the Triton decode attention's launch, e.g. 64/4/3/2)
 (StaticEngine's arguments; unnamed ones keep its defaults). Packing re-lays out the model's
 weights for good: list engines that do not pack before those that do.
@@ -34,7 +35,7 @@ weights for good: list engines that do not pack before those that do.
 (engine/length_model.py; `config/lengths/gsm8k-like.csv` ships one of mean ≈ 276 tokens): the static engine's
 slots then free and refill at ragged times, and the floor follows its slot schedule (roofline.ragged_generation_work).
 The population is timed on the RandOpt speedrun's clock (switch, generation and grading, wall clock), `--repeats`
-times, with the median and range.
+times, with the median and range; its completions are re-encoded to count their tokens after the clock stops.
 `--tiny` swaps the shapes for a two-layer stand-in (for the CPU tests).
 """
 

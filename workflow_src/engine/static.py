@@ -16,7 +16,8 @@ replay without a new capture. On a GPU the engine also uses, by default, the fus
 kernels (bit-equal to the eager ops; in the decode step RoPE also writes the key and value into the cache,
 kernels/rope_cache.py, and each residual add runs inside the next norm's kernel) and q/k/v and gate/up packed
 into one GEMM each (model/packed_projections.py), and the prefill's last layer runs its o_proj and MLP
-on each prompt's last position only (`trim_prefill`). The host launches each decode step before it reads the
+on each prompt's last position only (`trim_prefill`); there too each residual add runs inside the next
+norm's op (LeanQwen2.hidden). The host launches each decode step before it reads the
 previous step's tokens (`overlap`; what the tokens decide, which slots end and are refilled, is known one step
 later, the tokens are the same: `StaticEngine._run`).
 
