@@ -384,7 +384,8 @@ class StaticEngine:
 
     def _run(self, decoder: SlotDecoder, encoded: list[list[int]], limits: list[int],
              texts: dict[int, str]) -> list[list[int]]:
-        """Generate every prompt: its tokens (returned) and, as each sequence ends, its text (`texts`, `_record`). The decoder's tokens and positions, which slots still decode (`live`) and how
+        """Generate every prompt: its tokens (returned) and, as each sequence ends, its text (into `texts`,
+        by `_record`). The decoder's tokens and positions, which slots still decode (`live`) and how
         many tokens each may still make (`left`) live on the device and are advanced there by each step
         (SlotDecoder.advance), so the next step can be launched before the host has read this one's tokens
         (`overlap`): the host reads step t while step t+1 runs. A slot that ends at step t is already frozen
