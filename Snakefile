@@ -57,6 +57,8 @@ localrules:
     rl_evidence,
     randopt_evidence,
     rl_evidence_record,
+    operator_evidence,
+    operator_evidence_record,
     run_summary,
 
 

@@ -4,6 +4,8 @@ import json
 EXP = config["experiment"]
 MODEL = config["checkpoint"]["name"]
 RL_CLAIM = f"rl-paired-{MODEL}"  # the RL subject's evidence record (rules/evidence.smk)
+# the operator receipt's evidence record: its sizes and device name it
+OPERATOR_CLAIM = f"operator-receipt-{config['operators']['scale']}-{config['operators']['device']}"
 CKPT_SOURCE = config["checkpoint"]["source"]
 
 

@@ -87,6 +87,27 @@ rule rl_evidence_record:
         " --out {output} > {log} 2>&1"
 
 
+# The operator receipt at the config's sizes and device (target operator_evidence) as a record in the ledger.
+rule operator_evidence_record:
+    input:
+        receipt="results/operators/receipt.json",
+        section=section_file("operators"),
+        environment="results/env/environment.json",
+    output:
+        f"results/evidence/{OPERATOR_CLAIM}/record.json",
+    params:
+        claim=OPERATOR_CLAIM,
+        command=evidence_command("operator_evidence"),
+    log:
+        "results/logs/evidence/operator_evidence_record.log",
+    conda:
+        "../envs/speedproof.yaml"
+    shell:
+        "python -m workflow_src.bench.evidence operators --bench {input.receipt} --claim {params.claim}"
+        " --command {params.command:q} --environment {input.environment} --config-sections {input.section}"
+        " --out {output} > {log} 2>&1"
+
+
 rule claims_append:
     input:
         "results/evidence/{claim}/record.json",
@@ -111,3 +132,9 @@ rule engine_bench:
 rule switch_bench:
     input:
         "results/evidence/switch-bench/record.appended",
+
+
+# The operator receipt (at real sizes with config/presets/operators-real-h200.yaml), in the ledger.
+rule operator_evidence:
+    input:
+        f"results/evidence/{OPERATOR_CLAIM}/record.appended",

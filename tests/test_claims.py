@@ -14,18 +14,36 @@ from workflow_src.report import claims
 
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
-    """The engine_bench target in a real workflow run on the CPU (tiny shapes, a length model, repeats)."""
+    """The engine_bench target in a real workflow run on the CPU (tiny shapes, a length model, repeats), and
+    beside it the operator_evidence target (the operator receipt at small sizes)."""
     work = tmp_path_factory.mktemp("engine_bench")
     cfg = work / "bench.yaml"
     cfg.write_text(json.dumps({"evidence": {"engine_bench": {
         "tiny": True, "device": "cpu", "shapes": ["0.5B"], "prompts": 4, "prompt_chars": 10, "new_tokens": 6,
         "batch": 4, "seeds": 2, "repeats": 3, "lengths": "fixed:4"}}}))
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(work),
-                           "--cores", "2", "engine_bench", "--configfile", str(cfg)], capture_output=True, text=True,
+                           "--cores", "2", "engine_bench", "operator_evidence", "--configfile", str(cfg)],
+                          capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return {"dir": work, "config": cfg, "bench": work / "results/evidence/engine-bench/bench.json",
             "record": work / "results/evidence/engine-bench/record.json"}
+
+
+def test_operator_receipt_claims_count_a_failed_or_broken_case_as_not_equal():
+    """Per operator and over all, the share of cases bit-equal to the reference; a case that raised is not
+    equal; anything but one receipt is refused."""
+    receipt = {"format": evidence.OPERATOR_FORMAT, "scale": "real", "device_name": "GPU X", "triton_interpret": False,
+               "operators": {"rope": {"cases": 4, "passed": 3, "failed": [{"n": 1}], "errors": []},
+                             "rmsnorm": {"cases": 2, "passed": 1, "failed": [], "errors": [{"error": "OOM"}]}},
+               "cases": 6, "passed": 4}
+    by_id = {c["id"]: c for c in evidence.operator_claims("ops", [receipt])}
+    assert by_id["ops.rope.bit_equal_share"]["median"] == 0.75 and by_id["ops.rmsnorm.bit_equal_share"]["median"] == 0.5
+    assert by_id["ops.all.bit_equal_share"]["median"] == 4 / 6 and "real sizes, GPU X" in by_id["ops.all.bit_equal_share"]["what"]
+    with pytest.raises(ValueError, match="one operator receipt"):
+        evidence.operator_claims("ops", [receipt, receipt])
+    with pytest.raises(ValueError, match="one operator receipt"):
+        evidence.operator_claims("ops", [{"format": "other"}])
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +105,13 @@ def test_engine_bench_target_writes_the_record_and_the_ledger(bench_run):
     floor = rec["raw"][0]["shapes"]["0.5B"]["floor"]
     assert floor["work"]["ragged"] and floor["work"]["generated_tokens"] == 4 * 4
     assert rec["raw"][0]["shapes"]["0.5B"]["engines"]["static"]["generated_tokens"] == 4 * 4
+    # the operator receipt's record (named by its sizes and device) and its rows in the same ledger
+    ops = json.loads((bench_run["dir"] / "results/evidence/operator-receipt-small-cpu/record.json").read_text())
+    assert ops["kind"] == "operators" and "operators" in ops["provenance"]["config_sections"]
+    assert ops["command"] == f"snakemake --cores all operator_evidence --configfile {bench_run['config']}"
+    shares = {c["id"]: c["median"] for c in ops["claims"]}
+    assert shares["operator-receipt-small-cpu.all.bit_equal_share"] == 1.0 and len(shares) == 1 + len(ops["raw"][0]["operators"])
+    assert all(f"`{c}`" in ledger for c in shares)
     from workflow_src.bench.engine import main
     with pytest.raises(SystemExit):  # a length above --new-tokens is refused before any model is made
         main(["--tiny", "--device", "cpu", "--out", str(bench_run["dir"] / "x.json"), "--new-tokens", "8",

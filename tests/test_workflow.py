@@ -83,6 +83,20 @@ def test_gpu_preset_plans_the_rl_evidence_only(tmp_path, preset):
     assert "--source random" in proc.stdout and "--scale real --device cuda" in proc.stdout
 
 
+def test_operator_preset_plans_the_receipt_at_real_sizes_and_its_record(tmp_path):
+    """config/presets/operators-real-h200.yaml: target operator_evidence plans the GPU receipt at real sizes, its
+    record (named by sizes and device) and its rows in the ledger, nothing else (a plan; no GPU here)."""
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
+                           str(tmp_path), "operator_evidence", "--configfile",
+                           str(REPO / "config/presets/operators-real-h200.yaml"), "-n", "--cores", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert jobs_planned(proc) == {"config_section": 2, "environment": 1, "operator_checks": 1,
+                                  "operator_evidence_record": 1, "claims_append": 1, "operator_evidence": 1}
+    assert "--scale real --device cuda" in proc.stdout
+    assert "results/evidence/operator-receipt-real-cuda/record.json" in proc.stdout
+
+
 @pytest.mark.parametrize("preset, task, source", [("randopt-qwen2.5-7b-gsm8k.yaml", "gsm8k", "hf"),
                                                   ("randopt-qwen2.5-7b-math500-hard.yaml", "math500", "hf"),
                                                   ("randopt-qwen2.5-7b-random-h200.yaml", "synthetic_arithmetic",

@@ -17,6 +17,8 @@ the negative control first diverges. A record whose bitwise comparison did not c
 speedup was not measured against the bit-identical run, is refused: a fast wrong trainer is no claim.
 `randopt` (RandOpt records, `results/randopt/{exp}/record.json`): the base's test accuracy and each top-K
 ensemble's difference from it, with the paired bootstrap CI and McNemar's p in the claim's text.
+`operators` (the operator receipt, `results/operators/receipt.json`): per operator and over all, the share of its
+cases bit-equal to the reference, at the receipt's sizes and on its device.
 """
 
 from __future__ import annotations
@@ -178,13 +180,33 @@ def randopt_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[
     return out
 
 
+OPERATOR_FORMAT = "speedproof.operator-receipt/1"
+
+
+def operator_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One operator receipt (results/operators/receipt.json): per operator, and over all of them, the share of its
+    cases bit-equal to the reference (a case that failed to run counts as not equal)."""
+    if len(raws) != 1 or raws[0].get("format") != OPERATOR_FORMAT:
+        raise ValueError(f"operator evidence: give one operator receipt ({OPERATOR_FORMAT})")
+    rec = raws[0]
+    where = f"{rec['scale']} sizes, {rec['device_name']}" + (", Triton interpreted" if rec["triton_interpret"] else "")
+    out = [claim(f"{prefix}.{name}.bit_equal_share",
+                 f"share of the {name} operator's {r['cases']} cases bit-equal to its reference ({where})", "share",
+                 [r["passed"] / r["cases"]]) for name, r in sorted(rec["operators"].items()) if r["cases"]]
+    out.append(claim(f"{prefix}.all.bit_equal_share",
+                     f"share of all {rec['cases']} operator cases bit-equal to their references ({where})", "share",
+                     [rec["passed"] / rec["cases"]]))
+    return out
+
+
 def _engine(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     if len(raws) != 1:
         raise ValueError("the engine bench repeats inside one run: give one --bench file")
     return engine_claims(prefix, raws[0])
 
 
-KINDS = {"engine": _engine, "switch": switch_claims, "rl": rl_claims, "randopt": randopt_claims}
+KINDS = {"engine": _engine, "switch": switch_claims, "rl": rl_claims, "randopt": randopt_claims,
+         "operators": operator_claims}
 
 
 def build_record(kind: str, claim_name: str, raws: Sequence[Mapping[str, Any]], prov: Mapping[str, Any],
@@ -220,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("kind", choices=sorted(KINDS))
     parser.add_argument("--bench", type=Path, nargs="+", required=True,
                         help="the benchmark's JSON output (switch: one per run, run back to back; rl: each "
-                             "comparison's speedup.json and the bitwise comparison.json)")
+                             "comparison's speedup.json and the bitwise comparison.json; operators: the receipt)")
     parser.add_argument("--claim", required=True, help="the record's name, the prefix of its claims' ids")
     parser.add_argument("--command", required=True, help="the command that reproduces the record")
     parser.add_argument("--environment")
