@@ -64,7 +64,7 @@ def report_outputs():
 def rl_evidence_outputs():
     outs = ["results/env/environment.json", "results/env/reward_environment.json", f"results/checkpoints/{MODEL}",
             "results/operators/receipt.json", "results/operators/receipt.html",
-            f"results/evidence/{RL_CLAIM}/record.appended"]
+            f"results/evidence/{RL_CLAIM}/record.appended", f"results/evidence/{OPERATOR_CLAIM}/record.appended"]
     return outs + speedup_outputs() + bitwise_outputs()
 
 
@@ -84,4 +84,5 @@ def experiment_sections():
 
 def final_outputs():
     return report_outputs() + [f"results/manifests/{EXP}.json", f"results/randopt/{EXP}/record.appended",
-                               f"results/evidence/{RL_CLAIM}/record.appended", "results/summary.md"]
+                               f"results/evidence/{RL_CLAIM}/record.appended",
+                               f"results/evidence/{OPERATOR_CLAIM}/record.appended", "results/summary.md"]

@@ -36,8 +36,8 @@ SPINE = {"config_section": 16, "environment": 1, "reward_environment": 1, "check
          "operator_checks": 1, "experiment_manifest": 1, "all": 1,
          "heldout_text": 1, "randopt_base": 1, "randopt_population": 2, "randopt_gather": 1, "randopt_topk_answers": 1,
          "randopt_select_vote": 1, "randopt_probes": 1, "randopt_bpb": 1, "randopt_sigma_stats": 1, "randopt_plots": 1,
-         "randopt_record": 1, "randopt_records_table": 1, "rl_evidence_record": 1, "claims_append": 1,
-         "run_summary": 1}
+         "randopt_record": 1, "randopt_records_table": 1, "rl_evidence_record": 1, "operator_evidence_record": 1,
+         "claims_append": 2, "run_summary": 1}
 
 
 def smk(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -79,7 +79,8 @@ def test_gpu_preset_plans_the_rl_evidence_only(tmp_path, preset):
                                   "operator_checks": 1, "speedup_launch": 1, "speedup_next_launch": 2,
                                   "paired_speedup": 1,
                                   "deterministic_run": 4, "bitwise_compare": 3, "bitwise_summary": 1,
-                                  "rl_evidence_record": 1, "claims_append": 1, "rl_evidence": 1}
+                                  "rl_evidence_record": 1, "operator_evidence_record": 1, "claims_append": 2,
+                                  "rl_evidence": 1}
     assert "--source random" in proc.stdout and "--scale real --device cuda" in proc.stdout
 
 
@@ -203,6 +204,14 @@ def test_full_run_then_nothing_to_do(tiny_workflow):
     assert ids["rl-paired-tiny-test.bitwise.control.first_divergence_step"]["median"] == 0
     assert {"rl-paired-tiny-test.training_code_alone.speedup", "rl-paired-tiny-test.full.ab_gap"} <= ids.keys()
     assert all(f"`{i}`" in (res / "claims/CLAIMS.md").read_text() for i in ids)
+    # the operator receipt as a record (named by its sizes and device) in the same ledger
+    ops = json.loads((res / "evidence/operator-receipt-small-cpu/record.json").read_text())
+    assert ops["kind"] == "operators" and "operators" in ops["provenance"]["config_sections"]
+    assert ops["command"] == f"snakemake --cores all operator_evidence --configfile {workdir / 'config.yaml'}"
+    shares = {c["id"]: c["median"] for c in ops["claims"]}
+    assert shares["operator-receipt-small-cpu.all.bit_equal_share"] == 1.0
+    assert len(shares) == 1 + len(ops["raw"][0]["operators"])
+    assert all(f"`{i}`" in (res / "claims/CLAIMS.md").read_text() for i in shares)
 
     record = json.loads((res / "randopt/wftest/record.json").read_text())
     assert record["experiment"] == "wftest" and record["population"]["size"] == 4
