@@ -42,6 +42,8 @@ def test_operator_receipt_claims_count_a_failed_or_broken_case_as_not_equal():
         evidence.operator_claims("ops", [receipt, receipt])
     with pytest.raises(ValueError, match="one operator receipt"):
         evidence.operator_claims("ops", [{"format": "other"}])
+    with pytest.raises(ValueError, match="no case"):
+        evidence.operator_claims("ops", [{**receipt, "operators": {}, "cases": 0, "passed": 0}])
 
 
 @pytest.fixture(scope="module")

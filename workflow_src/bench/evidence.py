@@ -189,6 +189,8 @@ def operator_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict
     if len(raws) != 1 or raws[0].get("format") != OPERATOR_FORMAT:
         raise ValueError(f"operator evidence: give one operator receipt ({OPERATOR_FORMAT})")
     rec = raws[0]
+    if not rec["cases"]:
+        raise ValueError("operator evidence: the receipt checked no case")
     where = f"{rec['scale']} sizes, {rec['device_name']}" + (", Triton interpreted" if rec["triton_interpret"] else "")
     out = [claim(f"{prefix}.{name}.bit_equal_share",
                  f"share of the {name} operator's {r['cases']} cases bit-equal to its reference ({where})", "share",
