@@ -210,12 +210,12 @@ def test_full_run_then_nothing_to_do(tiny_workflow):
     assert ops["command"] == f"snakemake --cores all operator_evidence --configfile {workdir / 'config.yaml'}"
     shares = {c["id"]: c["median"] for c in ops["claims"]}
     assert shares["operator-receipt-small-cpu.all.bit_equal_share"] == 1.0
+    assert len(shares) == 1 + len(ops["raw"][0]["operators"])
+    assert all(f"`{i}`" in (res / "claims/CLAIMS.md").read_text() for i in shares)
     # the rule's receipt itself: every case of every operator passed on this machine, at small sizes on the CPU
     doc = json.loads((res / "operators/receipt.json").read_text())
     assert doc["all_passed"] and doc["cases"] == doc["passed"] > 100 and (doc["scale"], doc["device"]) == ("small", "cpu")
     assert set(doc["operators"]) == {"rmsnorm", "rope", "rope_cache", "swiglu_mlp", "qwen2_forward", "perturb"}
-    assert len(shares) == 1 + len(ops["raw"][0]["operators"])
-    assert all(f"`{i}`" in (res / "claims/CLAIMS.md").read_text() for i in shares)
 
     record = json.loads((res / "randopt/wftest/record.json").read_text())
     assert record["experiment"] == "wftest" and record["population"]["size"] == 4

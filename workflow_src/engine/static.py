@@ -367,11 +367,9 @@ class StaticEngine:
             self.model.eval()
             try:
                 limits = [max_new_tokens] * len(encoded) if lengths is None else list(lengths)
-                texts: dict[int, str] = {}
-                self._run(decoder, encoded, limits, texts)
+                return self._run(decoder, encoded, limits)
             finally:
                 self.model.train(was_training)
-        return [texts[i] for i in range(len(encoded))]
 
     def _encode(self, prompts: Sequence[str]) -> list[list[int]]:
         """The prompts' token ids. A RandOpt population generates the same prompts once per seed, and the
@@ -382,10 +380,9 @@ class StaticEngine:
             self._encoded = (key, self.tokenizer(list(prompts))["input_ids"])
         return self._encoded[1]
 
-    def _run(self, decoder: SlotDecoder, encoded: list[list[int]], limits: list[int],
-             texts: dict[int, str]) -> list[list[int]]:
-        """Generate every prompt: its tokens (returned) and, as each sequence ends, its text (into `texts`,
-        by `_record`). The decoder's tokens and positions, which slots still decode (`live`) and how
+    def _run(self, decoder: SlotDecoder, encoded: list[list[int]], limits: list[int]) -> list[str]:
+        """Generate every prompt; each completion's text (in prompt order) is decoded as its sequence ends
+        (`_record`). The decoder's tokens and positions, which slots still decode (`live`) and how
         many tokens each may still make (`left`) live on the device and are advanced there by each step
         (SlotDecoder.advance), so the next step can be launched before the host has read this one's tokens
         (`overlap`): the host reads step t while step t+1 runs. A slot that ends at step t is already frozen
@@ -402,6 +399,7 @@ class StaticEngine:
         device = decoder.tokens.device
         queue = deque(range(len(encoded)))
         generated: list[list[int]] = [[] for _ in encoded]
+        texts: dict[int, str] = {}
         owner: list[int | None] = [None] * decoder.slots  # the prompt each slot decodes, as the host knows it
         where = [0] * decoder.slots  # positions as the host knows them (an upper bound while a step is unread)
         tokens, positions, live, left = decoder.tokens, decoder.positions, decoder.live, decoder.left
@@ -487,7 +485,7 @@ class StaticEngine:
                     rows = compact_rows()
             elif not decoding:
                 if not queue:
-                    return generated
+                    return [texts[i] for i in range(len(encoded))]
                 admit()  # every admitted sequence ended at its prefill: admit more while the queue lasts
 
     def _record(self, new: list[int], idx: list[int], generated: list[list[int]], limits: list[int],

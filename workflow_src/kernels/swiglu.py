@@ -182,10 +182,10 @@ def _rows(t: torch.Tensor, cols: int) -> torch.Tensor:
     return v if v.stride(1) == 1 or v.shape[0] * cols == 0 else v.contiguous()
 
 
-def _options(v: SiluMulVariant, interpret: bool, kind: int) -> dict:
+def _options(v: SiluMulVariant, interpret: bool, kind: int, block: int = BLOCK) -> dict:
     hand = v.round == "hand" or (v.round == "auto" and interpret)
     return dict(KIND=kind, HAND=hand, SKIP=v.skip_round and kind != 0, EXP=_EXP[v.exp], DIV=_DIV[v.div],
-                FORM=_SILU[v.silu], INTERP=interpret, BLOCK=BLOCK, num_warps=NUM_WARPS, enable_fp_fusion=v.fusion,
+                FORM=_SILU[v.silu], INTERP=interpret, BLOCK=block, num_warps=NUM_WARPS, enable_fp_fusion=v.fusion,
                 enable_reflect_ftz=v.ftz)
 
 
@@ -210,7 +210,7 @@ def silu_mul_forward(gate: torch.Tensor, up: torch.Tensor, variant: str | SiluMu
         block = SMALL_BLOCK if g2.shape[0] <= SMALL_ROWS else BLOCK
         fwd[(g2.shape[0], triton.cdiv(cols, block))](
             bits_view(g2), bits_view(u2), bits_view(o2), cols, g2.stride(0), u2.stride(0), o2.stride(0),
-            **{**_options(v, interpret, kind), "BLOCK": block})
+            **_options(v, interpret, kind, block))
     return out
 
 

@@ -108,15 +108,13 @@ class LeanQwen2:
         # Each residual add runs in the next norm's op (add_norm: the add's bits, then the norm's): one pass
         # over the hidden states fewer per add.
         x = self.rms(self.layers[0].input_layernorm, h)
-        for li, layer in enumerate(self.layers):
+        for li in range(len(self.layers)):
             qs, ks, vs = self._project(li, x, cos, sin)
             o = self._attend(li, qs, ks, vs, segments)
             if keep is not None and li == last:
                 rows = torch.arange(ids.shape[0], device=ids.device)
                 o, h = o[rows, keep], h[rows, keep]
-            attn, post = layer.self_attn, layer.post_attention_layernorm
-            x, h = self.add_norm(h, self._linear(o, attn.o_proj.weight, attn.o_proj.bias), post.weight,
-                                 post.variance_epsilon)
+            x, h = self._attention_out(li, h, o)
             norm = self.layers[li + 1].input_layernorm if li < last else self.model.model.norm
             x, h = self.add_norm(h, self._mlp(li, x), norm.weight, norm.variance_epsilon)
         return x
@@ -163,11 +161,14 @@ class LeanQwen2:
         return o.reshape(B, q, -1).contiguous()
 
     def _mlp_block(self, li: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-        layer = self.layers[li]
-        attn, norm = layer.self_attn, layer.post_attention_layernorm
-        x, h = self.add_norm(h, self._linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight,
-                             norm.variance_epsilon)
+        x, h = self._attention_out(li, h, o)
         return h + self._mlp(li, x)
+
+    def _attention_out(self, li: int, h: torch.Tensor, o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """o_proj of the attention's output added to the residual, then the post-attention norm: (normed, residual)."""
+        attn, norm = self.layers[li].self_attn, self.layers[li].post_attention_layernorm
+        return self.add_norm(h, self._linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight,
+                             norm.variance_epsilon)
 
     def _mlp(self, li: int, x: torch.Tensor) -> torch.Tensor:
         mlp = self.layers[li].mlp
