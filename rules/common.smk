@@ -6,6 +6,7 @@ MODEL = config["checkpoint"]["name"]
 RL_CLAIM = f"rl-paired-{MODEL}"  # the RL subject's evidence record (rules/evidence.smk)
 # the operator receipt's evidence record: its sizes and device name it
 OPERATOR_CLAIM = f"operator-receipt-{config['operators']['scale']}-{config['operators']['device']}"
+ENGINE_CLAIM = config["evidence"]["engine_bench"]["claim"]  # the engine comparison's record
 CKPT_SOURCE = config["checkpoint"]["source"]
 
 

@@ -5,10 +5,11 @@ rule engine_bench_run:
         section=section_file("evidence.engine_bench"),
         environment="results/env/environment.json",
     output:
-        bench="results/evidence/engine-bench/bench.json",
-        record="results/evidence/engine-bench/record.json",
+        bench=f"results/evidence/{ENGINE_CLAIM}/bench.json",
+        record=f"results/evidence/{ENGINE_CLAIM}/record.json",
     params:
         flags=engine_bench_flags,
+        claim=ENGINE_CLAIM,
         command=evidence_command("engine_bench"),
     log:
         "results/logs/evidence/engine_bench.log",
@@ -21,7 +22,7 @@ rule engine_bench_run:
         "../envs/speedproof.yaml"
     shell:
         "python -m workflow_src.bench.engine {params.flags} --out {output.bench} > {log} 2>&1"
-        " && python -m workflow_src.bench.evidence engine --bench {output.bench} --claim engine-bench"
+        " && python -m workflow_src.bench.evidence engine --bench {output.bench} --claim {params.claim}"
         " --command {params.command:q} --environment {input.environment} --config-sections {input.section}"
         " --out {output.record} >> {log} 2>&1"
 
@@ -125,7 +126,7 @@ rule claims_append:
 # The engine comparison and the population's seeds/s at real proportions, in the ledger.
 rule engine_bench:
     input:
-        "results/evidence/engine-bench/record.appended",
+        f"results/evidence/{ENGINE_CLAIM}/record.appended",
 
 
 # The RandOpt weight switch at real sizes, in the ledger.

@@ -13,6 +13,8 @@ def engine_bench_flags(wildcards):
     flags = ["--shapes", *s["shapes"], "--engines", *s["engines"], "--prompts", s["prompts"], "--prompt-chars",
              s["prompt_chars"], "--new-tokens", s["new_tokens"], "--batch", s["batch"], "--seeds", s["seeds"],
              "--repeats", s["repeats"], "--device", s["device"]]
+    if s["population_engines"] is not None:
+        flags += ["--population-engines", *s["population_engines"]]
     if s["lengths"] is not None:
         flags += ["--lengths", s["lengths"]]
     if s["tiny"]:

@@ -19,13 +19,14 @@ def bench_run(tmp_path_factory):
     cfg = work / "bench.yaml"
     cfg.write_text(json.dumps({"evidence": {"engine_bench": {
         "tiny": True, "device": "cpu", "shapes": ["0.5B"], "prompts": 4, "prompt_chars": 10, "new_tokens": 6,
-        "batch": 4, "seeds": 2, "repeats": 3, "lengths": "fixed:4"}}}))
+        "batch": 4, "seeds": 2, "repeats": 3, "lengths": "fixed:4", "engines": ["static:compact=0", "static"],
+        "population_engines": ["static"], "claim": "engine-bench-cpu"}}}))
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(work),
                            "--cores", "2", "engine_bench", "--configfile", str(cfg)], capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {"dir": work, "config": cfg, "bench": work / "results/evidence/engine-bench/bench.json",
-            "record": work / "results/evidence/engine-bench/record.json"}
+    return {"dir": work, "config": cfg, "bench": work / "results/evidence/engine-bench-cpu/bench.json",
+            "record": work / "results/evidence/engine-bench-cpu/record.json"}
 
 
 def test_operator_receipt_claims_count_a_failed_or_broken_case_as_not_equal():
@@ -67,6 +68,12 @@ def test_a_record_holds_every_repeat_its_median_range_and_provenance(tmp_path, b
     seeds = by_id["tiny.0.5B.static.population_seeds_per_s"]
     assert seeds["unit"] == "seeds/s" and seeds["repeats"] == 3 and "speedrun's clock" in seeds["what"]
     assert rec["raw"][0]["args"]["lengths"] == "fixed:4"
+    # the second engine against the first, repeat by repeat; the population ran the static engine alone
+    ratio = by_id["tiny.0.5B.static.ratio_to_static:compact=0"]
+    full, static = by_id["tiny.0.5B.static:compact=0.gen_tokens_per_s"], by_id["tiny.0.5B.static.gen_tokens_per_s"]
+    assert ratio["values"] == [a / b for a, b in zip(static["values"], full["values"])] and ratio["unit"] == "×"
+    assert not any(k.startswith("tiny.0.5B.static:compact=0.") and k.endswith(("population_seeds_per_s", "ratio_to_"
+                                                                             "static:compact=0")) for k in by_id)
 
 
 def test_the_ledger_comes_from_records_and_refuses_one_without_provenance(tmp_path, bench_json):

@@ -58,6 +58,7 @@ def test_an_unknown_key_is_one_short_line():
 def test_cross_field_problems_are_named_by_key_path():
     found = problems({
         "randopt": {"population": 16, "ks": [4, 32], "vote": {"headline_k": 5}},
+        "evidence": {"engine_bench": {"engines": ["static"], "population_engines": ["hf", "static"]}},
         "speedup": {"windows": 10**6, "window_steps": 10**6,
                     "comparisons": {"full": {"subject": "rl", "baseline_settings": {"group_size": 4, "nosuch": 1,
                                                                                      "threads": 1},
@@ -70,7 +71,10 @@ def test_cross_field_problems_are_named_by_key_path():
     assert "speedup.comparisons.full.baseline_settings.nosuch: not an rl setting" in text
     assert "baseline_settings.group_size = 4 but optimized_settings.group_size" in text
     assert "threads" not in text.split("group_size")[0]          # an implementation setting may differ
-    assert len(found) == 5
+    assert "evidence.engine_bench.population_engines: hf not among evidence.engine_bench.engines" in text
+    assert len(found) == 6
+    hf = problems({"evidence": {"engine_bench": {"engines": ["hf", "static"]}}})
+    assert len(hf) == 1 and "evidence.engine_bench.lengths: histogram:config/lengths/gsm8k-like.csv needs" in hf[0]
 
 
 def test_comparison_settings_are_checked_against_the_rl_schema():

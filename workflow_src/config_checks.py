@@ -122,9 +122,25 @@ def bitwise_problems(config: dict[str, Any]) -> list[str]:
     return problems
 
 
+def evidence_problems(config: dict[str, Any]) -> list[str]:
+    """The engine bench's population runs engines it also compares; hf's generate cannot end each completion at
+    its own length, so it runs without a length model."""
+    bench = config["evidence"]["engine_bench"]
+    problems = []
+    extra = sorted(set(bench["population_engines"] or []) - set(bench["engines"]))
+    if extra:
+        problems.append(f"evidence.engine_bench.population_engines: {', '.join(extra)} not among "
+                        f"evidence.engine_bench.engines ({', '.join(bench['engines'])})")
+    if bench["lengths"] is not None and any(e.split(":")[0] == "hf" for e in bench["engines"]):
+        problems.append(f"evidence.engine_bench.lengths: {bench['lengths']} needs the static or vllm engine (hf's "
+                        "generate runs every completion to new_tokens): set it to null to compare with hf")
+    return problems
+
+
 def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -> None:
     """Raise ConfigError naming every cross-field problem (after schema validation filled the defaults). With
     the schema, a comparison's rl settings are also checked against the `rl` section's own schema."""
-    problems = speedup_problems(config, schema) + bitwise_problems(config) + randopt_problems(config)
+    problems = (speedup_problems(config, schema) + bitwise_problems(config) + randopt_problems(config)
+                + evidence_problems(config))
     if problems:
         raise ConfigError(problems)

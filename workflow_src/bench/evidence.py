@@ -55,6 +55,10 @@ def device_summary(environment: Mapping[str, Any] | None) -> str:
     return f"CPU {cpu.get('model', 'unknown')} ({environment.get('usable_cores') or cpu.get('logical_cores')} cores)"
 
 
+def _rates(engine: Mapping[str, Any]) -> list[float]:
+    return engine.get("gen_tokens_per_s_runs") or [engine["gen_tokens_per_s"]]
+
+
 def engine_claims(prefix: str, bench: Mapping[str, Any]) -> list[dict[str, Any]]:
     out = []
     args = bench["args"]
@@ -62,7 +66,7 @@ def engine_claims(prefix: str, bench: Mapping[str, Any]) -> list[dict[str, Any]]
     workload = f"{args['prompts']} prompts of ~{args['prompt_chars']} tokens, up to {args['new_tokens']} new ({lengths})"
     for shape, row in sorted(bench["shapes"].items()):
         for name, e in sorted(row["engines"].items()):
-            rates = e.get("gen_tokens_per_s_runs") or [e["gen_tokens_per_s"]]
+            rates = _rates(e)
             floor_s = row["floor"]["seconds"]
             out.append(claim(f"{prefix}.{shape}.{name}.gen_tokens_per_s",
                              f"{name} engine generation at the {shape} shape, random weights, {workload}",
@@ -70,6 +74,13 @@ def engine_claims(prefix: str, bench: Mapping[str, Any]) -> list[dict[str, Any]]
             out.append(claim(f"{prefix}.{shape}.{name}.share_of_floor",
                              f"{name} engine generation at {shape}: the roofline floor's seconds over its own",
                              "share", [floor_s / s for s in e.get("seconds_runs") or [e["seconds"]]]))
+        first, *others = args["engines"]
+        for name in others:
+            # repeat i of each engine over repeat i of the first: the ratio's range, not a ratio of medians only
+            own, ref = _rates(row["engines"][name]), _rates(row["engines"][first])
+            out.append(claim(f"{prefix}.{shape}.{name}.ratio_to_{first}",
+                             f"{name} engine's generation tokens/s over the {first} engine's at {shape}, repeat by "
+                             f"repeat in one process ({workload})", "×", [a / b for a, b in zip(own, ref)]))
     pop = bench.get("population")
     if pop:
         shape = args["shapes"][-1]  # the population runs on the last shape
