@@ -1,10 +1,13 @@
 # Helpers of the evidence rules (rules/evidence.smk, docs/CLAIMS.md).
 import shlex
+from pathlib import Path
 
 
 def evidence_command(target):
     """The command that reproduces a record: this target under this run's config files."""
-    files = [f for f in workflow.config_settings.configfiles if not str(f).endswith("config/config.yaml")]
+    files = [Path(f) for f in workflow.config_settings.configfiles if not str(f).endswith("config/config.yaml")]
+    # paths as the checkout names them, so the command reproduces the record in any clone
+    files = [f.relative_to(Path.cwd()) if f.is_absolute() and f.is_relative_to(Path.cwd()) else f for f in files]
     return " ".join(["snakemake --cores all", target] + [f"--configfile {f}" for f in files])
 
 

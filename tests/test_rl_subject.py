@@ -28,9 +28,9 @@ def checkpoint(rl_subject_checkpoint):
     return rl_subject_checkpoint
 
 
-def run_trainer(checkpoint, switches, steps=2):
+def run_trainer(checkpoint, switches, steps=2, **rl):
     from workflow_src.subjects.rl.trainer import Trainer
-    t = Trainer(checkpoint, RLSettings.from_dict(RL), TASK, frozenset(switches))
+    t = Trainer(checkpoint, RLSettings.from_dict({**RL, **rl}), TASK, frozenset(switches))
     try:
         return [t.step(i) for i in range(steps)]
     finally:
@@ -80,6 +80,19 @@ def test_all_switches_match_and_a_changed_seed_does_not(checkpoint, baseline_rec
     finally:
         t.close()
     assert other[0]["check"]["tokens"] != baseline_records[0]["check"]["tokens"]
+
+
+def test_the_batched_baseline_style_keeps_the_bits_and_its_own_sampling_contract(checkpoint, baseline_records):
+    """baseline_style batched: the optimized trainer (every CPU switch but shared_prefix) gives the batched
+    baseline's records; the batched baseline samples other tokens than the per-group one (one seed and one
+    draw over all rows per round) and runs no old-policy forward; shared_prefix is refused with the reason."""
+    batched = run_trainer(checkpoint, [], baseline_style="batched")
+    switches = sorted(set(CPU_SWITCHES) - {"shared_prefix"})
+    assert checks(run_trainer(checkpoint, switches, baseline_style="batched")) == checks(batched)
+    assert batched[0]["check"]["tokens"] != baseline_records[0]["check"]["tokens"]
+    assert "old_logprobs" not in batched[0]["phases"] and "old_logprobs" in baseline_records[0]["phases"]
+    with pytest.raises(SettingsError, match="shared_prefix needs rl.baseline_style per_group"):
+        run_trainer(checkpoint, ["lean_decode", "shared_prefix"], baseline_style="batched")
 
 
 def run_cli(checkpoint, tmp_path, impl, nproc, steps=2, switches=None, records=False, name=None, nnodes=1,
@@ -196,6 +209,33 @@ def test_lazy_finish_checks_give_the_same_rollouts(checkpoint):
     for every in (2, 3, 8):
         got = rollout_lean(model, groups, [1, 2, 3], s, batched=True, shared_prefix=False, check_every=every)
         assert all(torch.equal(a, b) for a, b in zip(got, want)), every
+
+
+def test_the_lean_padded_rollout_gives_one_batched_generate_calls_bits(checkpoint):
+    """Groups of different lengths in one left-padded batch: transformers' batched generate and the lean padded
+    rollout (every flag check spacing, the piecewise decode steps) give the same tokens; a group's rows come
+    back without the batch's padding. Negative control: another seed samples other tokens."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+
+    from workflow_src.subjects.rl.rollout import Sampling, rollout_generate_batched, rollout_lean_padded
+    tok = AutoTokenizer.from_pretrained(checkpoint)
+    model = Qwen2ForCausalLM.from_pretrained(checkpoint, dtype=torch.float32, attn_implementation="sdpa")
+    s = Sampling(max_new_tokens=14, temperature=1.0, eos_ids=(tok.eos_token_id,), pad_id=tok.pad_token_id)
+    groups = [torch.tensor(tok(p)["input_ids"])[None, :].repeat(3, 1) for p in ("3+4=", "12-5=", "17+19-2=")]
+    want = rollout_generate_batched(model, groups, 11, s)
+    assert [w.shape[1] - g.shape[1] for w, g in zip(want, groups)] == [want[0].shape[1] - groups[0].shape[1]] * 3
+    assert all(torch.equal(w[:, :g.shape[1]], g) for w, g in zip(want, groups))
+    for every, graphs in ((1, False), (3, False), (8, True)):
+        got = rollout_lean_padded(model, groups, 11, s, check_every=every, graphs=graphs)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), (every, graphs)
+    # round 2's inputs: whole round-1 rows (pad tails inside) plus a separator, of three lengths again
+    sep = torch.tensor(tok("\n", add_special_tokens=False)["input_ids"])[None, :].repeat(3, 1)
+    second = [torch.cat([w, sep], 1) for w in want]
+    assert all(torch.equal(a, b) for a, b in zip(rollout_lean_padded(model, second, 12, s),
+                                                 rollout_generate_batched(model, second, 12, s)))
+    other = rollout_lean_padded(model, groups, 12, s)
+    assert not all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(other, want))
 
 
 def test_gpu_only_switches_refuse_the_cpu(checkpoint):

@@ -10,7 +10,9 @@ batch-invariant above a few rows on some CPU BLAS libraries, which the tests als
 
 It adds what generation needs: a preallocated KV cache (written in place, read as views) and
 varlen batching, where rows of several groups go through the per-token operations together and
-only attention runs per group, on that group's own key length, so no padding mask is ever needed.
+only attention runs per group, on that group's own key length, so no padding mask is needed. A
+left-padded batch (one `generate` call over groups of different lengths) runs as one segment with
+its rows' positions and transformers' own padding mask.
 """
 
 from __future__ import annotations
@@ -29,11 +31,17 @@ from workflow_src.kernels.swiglu import swiglu_mlp, swiglu_mlp_fused
 @dataclass
 class Segment:
     """`rows` batch rows from `batch_row0` that share one key length (one group of samples),
-    cached at cache rows `cache_row0`.. and starting at position `start`."""
+    cached at cache rows `cache_row0`.. and starting at cache column `start`.
+
+    A left-padded batch (as transformers' batched `generate` runs it) gives its rows' own `positions` [rows, q]
+    and the boolean attention `mask` [rows, 1, q, start + q] that transformers' forward would build for SDPA;
+    by default every row's positions are start.. and attention is causal over the whole key length."""
     batch_row0: int
     cache_row0: int
     rows: int
     start: int
+    positions: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
 
 
 class LeanQwen2:
@@ -123,6 +131,10 @@ class LeanQwen2:
     # norm. Only `_attend` depends on the segments' lengths (it reads and writes the cache); the others
     # have the same shapes at every decode step, which is what lets decode_graphs capture them.
     def _positions(self, ids: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
+        if len(segments) == 1 and segments[0].positions is not None:
+            return segments[0].positions
+        if any(s.positions is not None for s in segments):
+            raise ValueError("per-row positions are for a single segment (a left-padded batch)")
         start = torch.cat([torch.full((s.rows,), s.start, dtype=torch.long) for s in segments]).to(ids.device)
         return start[:, None] + torch.arange(ids.shape[1], device=ids.device)[None, :]
 
@@ -154,7 +166,7 @@ class LeanQwen2:
             end = seg.start + q
             self.k[li][c, :, seg.start:end] = ks[b]
             self.v[li][c, :, seg.start:end] = vs[b]
-            o, _ = sdpa_attention_forward(attn, qs[b], self.k[li][c, :, :end], self.v[li][c, :, :end], None,
+            o, _ = sdpa_attention_forward(attn, qs[b], self.k[li][c, :, :end], self.v[li][c, :, :end], seg.mask,
                                           dropout=0.0, scaling=attn.scaling)
             outs.append(o)
         o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)

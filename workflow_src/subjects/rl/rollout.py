@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from transformers import GenerationConfig
 
 from workflow_src.model.lean_qwen2 import LeanQwen2, Segment
@@ -26,16 +27,109 @@ class Sampling:
     pad_id: int
 
 
+def _generation_config(s: Sampling) -> GenerationConfig:
+    return GenerationConfig(do_sample=True, temperature=s.temperature, top_k=0, top_p=1.0, num_beams=1,
+                            max_new_tokens=s.max_new_tokens, eos_token_id=list(s.eos_ids), pad_token_id=s.pad_id)
+
+
 def rollout_generate(model, groups: list[torch.Tensor], seeds: list[int], s: Sampling) -> list[torch.Tensor]:
     """The reference: one transformers `generate` call per group, seeded through the global RNG."""
-    cfg = GenerationConfig(do_sample=True, temperature=s.temperature, top_k=0, top_p=1.0, num_beams=1,
-                           max_new_tokens=s.max_new_tokens, eos_token_id=list(s.eos_ids), pad_token_id=s.pad_id)
+    cfg = _generation_config(s)
     out = []
     with torch.no_grad():
         for ids, seed in zip(groups, seeds):
             torch.manual_seed(seed)
             out.append(model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=cfg))
     return out
+
+
+def left_pad(groups: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Every group's rows in one batch, left-padded to the longest (as TRL pads a step's prompts): ids [N, L],
+    the 0/1 attention mask [N, L] and each group's pad width."""
+    width = max(g.shape[1] for g in groups)
+    pads = [width - g.shape[1] for g in groups]
+    ids = torch.cat([F.pad(g, (p, 0), value=pad_id) for g, p in zip(groups, pads)])
+    mask = torch.cat([F.pad(torch.ones_like(g), (p, 0), value=0) for g, p in zip(groups, pads)])
+    return ids, mask, pads
+
+
+def _unpad(out: torch.Tensor, groups: list[torch.Tensor], pads: list[int]) -> list[torch.Tensor]:
+    """Each group's rows of a batched rollout without the group's left padding (every row of a group has the
+    group's length, so its padding is the same width)."""
+    rows = [g.shape[0] for g in groups]
+    return [part[:, p:] for part, p in zip(torch.split(out, rows), pads)]
+
+
+def rollout_generate_batched(model, groups: list[torch.Tensor], seed: int, s: Sampling) -> list[torch.Tensor]:
+    """The batched reference: one transformers `generate` call over the round's every group, left-padded, seeded
+    once through the global RNG (one multinomial draw over all rows per token; every row decodes until the
+    whole batch has finished, as TRL's GRPOTrainer generates a step's completions)."""
+    ids, mask, pads = left_pad(groups, s.pad_id)
+    with torch.no_grad():
+        torch.manual_seed(seed)
+        out = model.generate(ids, attention_mask=mask, generation_config=_generation_config(s))
+    return _unpad(out, groups, pads)
+
+
+def _sample(logits: torch.Tensor, generator: torch.Generator, unfinished: torch.Tensor, eos: torch.Tensor,
+            s: Sampling) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row from the last position's logits, as transformers' `_sample` draws it; rows that have
+    finished get the pad token. Returns (tokens, still unfinished)."""
+    scores = logits[:, -1].to(copy=True, dtype=torch.float32)
+    if s.temperature != 1.0:
+        scores = scores / s.temperature
+    probs = torch.softmax(scores, dim=-1)
+    tok = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+    tok = tok * unfinished + s.pad_id * (1 - unfinished)
+    return tok, unfinished & ~torch.isin(tok, eos)
+
+
+def _padding_mask(mask: torch.Tensor, q: int) -> torch.Tensor | None:
+    """The boolean SDPA mask transformers' Qwen2 forward builds for a left-padded batch (its own mask function:
+    causal within the keys the 2D mask keeps), or None where it builds none (no padding: SDPA's causal flag)."""
+    from transformers.masking_utils import sdpa_mask
+    kv = mask.shape[1]
+    return sdpa_mask(batch_size=mask.shape[0], q_length=q, kv_length=kv, q_offset=kv - q,
+                     attention_mask=mask.bool(), device=mask.device)
+
+
+def rollout_lean_padded(model, groups: list[torch.Tensor], seed: int, s: Sampling, check_every: int | None = None,
+                        fused: bool = False, graphs: bool = False) -> list[torch.Tensor]:
+    """`rollout_generate_batched`'s bits through the lean forward: the same left-padded batch, positions (the
+    attention mask's running count; a pad's position never reaches a real row, whose attention masks it), SDPA
+    masks, one generator and one multinomial over all rows, and the batch stops where every row has finished."""
+    ids, mask, pads = left_pad(groups, s.pad_id)
+    n, width = ids.shape
+    device = ids.device
+    lean = LeanQwen2(model, n, width + s.max_new_tokens, fused=fused, graphs=graphs)
+    padded = bool((mask == 0).any())
+    pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    logits = lean.forward(ids, [Segment(0, 0, n, 0, pos, _padding_mask(mask, width) if padded else None)])
+    nxt = pos[:, -1:] + 1
+    generator = torch.Generator(device=device).manual_seed(seed)
+    eos = torch.tensor(s.eos_ids, device=device)
+    unfinished = torch.ones(n, dtype=torch.long, device=device)
+    if check_every is None:
+        check_every = 8 if device.type == "cuda" else 1
+    tokens: list[torch.Tensor] = []
+    done: list[torch.Tensor] = []
+    while True:
+        tok, unfinished = _sample(logits, generator, unfinished, eos, s)
+        tokens.append(tok)
+        done.append(unfinished.max() == 0)
+        if len(tokens) % check_every == 0 or len(tokens) >= s.max_new_tokens:
+            hit = torch.stack(done).nonzero()  # one wait for the flags of the steps since the last look
+            if len(hit):
+                del tokens[int(hit[0]) + 1:]
+                break
+            if len(tokens) >= s.max_new_tokens:
+                break
+        mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], 1)
+        seg = Segment(0, 0, n, width + len(tokens) - 1, nxt, _padding_mask(mask, 1) if padded else None)
+        logits = lean.forward(tok[:, None], [seg])
+        nxt = nxt + 1
+    lean.release_graphs()
+    return _unpad(torch.cat([ids, torch.stack(tokens, 1)], 1), groups, pads)
 
 
 def _shared_prompt(ids: torch.Tensor) -> bool:
@@ -82,14 +176,8 @@ def rollout_lean(model, groups: list[torch.Tensor], seeds: list[int], s: Samplin
     while active:
         step += 1
         for j, i in enumerate(active):
-            scores = logits[j][:, -1].to(copy=True, dtype=torch.float32)
-            if s.temperature != 1.0:
-                scores = scores / s.temperature
-            probs = torch.softmax(scores, dim=-1)
-            tok = torch.multinomial(probs, num_samples=1, generator=gens[i]).squeeze(1)
-            tok = tok * unfinished[i] + s.pad_id * (1 - unfinished[i])
+            tok, unfinished[i] = _sample(logits[j], gens[i], unfinished[i], eos, s)
             tokens[i].append(tok)
-            unfinished[i] = unfinished[i] & ~torch.isin(tok, eos)
             done[i].append(unfinished[i].max() == 0)
         if step % check_every == 0 or any(len(tokens[i]) >= s.max_new_tokens for i in active):
             flags = torch.stack([torch.stack(done[i]) for i in active]).cpu()  # one wait for all groups

@@ -77,6 +77,7 @@ class RLSettings:
     reward_task: str
     eval_prompts: int
     refine_separator: str
+    baseline_style: str
 
     @classmethod
     def from_dict(cls, section: dict[str, Any]) -> "RLSettings":

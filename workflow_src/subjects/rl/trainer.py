@@ -36,7 +36,13 @@ from workflow_src.subjects.rl.chunked_grad import chunked_parameter_grads
 from workflow_src.subjects.rl.loss import group_advantages, grpo_loss, grpo_per_sequence, token_logprobs
 from workflow_src.subjects.rl.precision import MasterWeights
 from workflow_src.subjects.rl.rewards import InProcessRewards
-from workflow_src.subjects.rl.rollout import Sampling, rollout_generate, rollout_lean
+from workflow_src.subjects.rl.rollout import (
+    Sampling,
+    rollout_generate,
+    rollout_generate_batched,
+    rollout_lean,
+    rollout_lean_padded,
+)
 from workflow_src.subjects.rl.seeds import derive_seed
 from workflow_src.subjects.rl.settings import GPU_ONLY, RLSettings, SettingsError
 from workflow_src.subjects.rl.sharded_grads import reduce_scatter_accumulate
@@ -101,6 +107,14 @@ class Trainer:
         if gpu_only and self.device.type != "cuda":
             raise SettingsError(f"switch(es) {gpu_only} need rl.device cuda (their kernels run on a GPU only)")
         self.fused = "fused_elementwise" in switches
+        # The batched style is the strong upstream baseline (TRL's GRPOTrainer): one generate per round over every
+        # group, and with one update per generation no separate old-policy forward (the training forward's
+        # detached log-probs are the old policy's).
+        self.batched = settings.baseline_style == "batched"
+        if self.batched and "shared_prefix" in switches:
+            raise SettingsError("switch shared_prefix needs rl.baseline_style per_group (a left-padded batch's "
+                                "rows are prefilled together, as the batched generate does)")
+        self.reuse_old = "reuse_old_logprobs" in switches or self.batched
         # cuBLAS picks GEMM kernels by the row count: batched_train and ref_batched keep micro-batch GEMM shapes.
         self.chunk_gemms = self.device.type == "cuda"
 
@@ -151,7 +165,14 @@ class Trainer:
         return [self.train[i] for i in rng.sample(range(len(self.train)), self.settings.prompts_per_step)]
 
     def _rollout(self, groups: list[torch.Tensor], seeds: list[int]) -> list[torch.Tensor]:
-        """Each group's rows with their sampled completions (on the trainer's device)."""
+        """Each group's rows with their sampled completions (on the trainer's device); `batched` style: one seed,
+        all groups in one left-padded batch."""
+        if self.batched:
+            (seed,) = seeds
+            if "lean_decode" in self.switches:
+                return rollout_lean_padded(self.rollout_model, groups, seed, self.sampling, fused=self.fused,
+                                           graphs="graph_decode" in self.switches)
+            return rollout_generate_batched(self.rollout_model, groups, seed, self.sampling)
         if "lean_decode" in self.switches:
             return rollout_lean(self.rollout_model, groups, seeds, self.sampling,
                                 batched="batched_groups" in self.switches, shared_prefix="shared_prefix" in self.switches,
@@ -228,7 +249,8 @@ class Trainer:
         round_inputs = [torch.tensor(self.tok(p.prompt)["input_ids"], device=self.device)[None, :]
                         .repeat(s.group_size, 1) for p in problems]
         for rnd in range(1, s.rounds + 1):
-            seeds = [derive_seed(s.seed, "sample", step, self.rank, g, rnd) for g in range(len(problems))]
+            seeds = ([derive_seed(s.seed, "sample", step, self.rank, "batch", rnd)] if self.batched else
+                     [derive_seed(s.seed, "sample", step, self.rank, g, rnd) for g in range(len(problems))])
             with timer(f"rollout_round{rnd}"):
                 seqs = self._rollout(round_inputs, seeds)
             token_digests[f"round{rnd}"] = tensor_digest(torch.cat([x.flatten() for x in seqs]))
@@ -252,7 +274,7 @@ class Trainer:
                     b.rewards = torch.tensor(self.rewards.resolve(h), dtype=torch.float32, device=self.device)
         for b in batches:
             b.adv = group_advantages(b.rewards)
-        if "reuse_old_logprobs" not in self.switches:
+        if not self.reuse_old:
             with timer("old_logprobs"):
                 self._old_logprobs(batches)
 
@@ -276,7 +298,7 @@ class Trainer:
                 micro = []
             for b, k, mb, m, a, r in micro:
                 logp, ent = token_logprobs(self.policy(input_ids=mb).logits, mb)
-                old = logp.detach() if "reuse_old_logprobs" in self.switches else b.old_logp[k]
+                old = logp.detach() if self.reuse_old else b.old_logp[k]
                 loss, kl = grpo_loss(logp, old, r, a, m, s.clip_eps, s.kl_coef, total)
                 loss.backward()
                 self.master.collect()
@@ -332,7 +354,7 @@ class Trainer:
             parts = zip(*(torch.split(t, n) for t in (logits, b.ids, b.mask[:, 1:], b.adv, b.ref_logp)))
             for k, (lg, ids, m, adv, ref) in enumerate(parts):
                 logp, ent = token_logprobs(lg, ids)
-                old = logp.detach() if "reuse_old_logprobs" in self.switches else b.old_logp[k]
+                old = logp.detach() if self.reuse_old else b.old_logp[k]
                 per_seq, kl_seq = grpo_per_sequence(logp, old, ref, adv, m, s.clip_eps, s.kl_coef)
                 losses.append(per_seq.sum() / total)
                 loss_sum += losses[-1].detach()
