@@ -70,6 +70,7 @@ rule switch_bench_record:
 rule rl_evidence_record:
     input:
         speedups=speedup_json_files(),
+        busy=gpu_busy_files(),
         bitwise=f"results/bitwise/{EXP}/comparison.json",
         sections=rl_evidence_sections(),
         environment="results/env/environment.json",
@@ -83,7 +84,7 @@ rule rl_evidence_record:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.bench.evidence rl --bench {input.speedups} {input.bitwise} --claim {params.claim}"
+        "python -m workflow_src.bench.evidence rl --bench {input.speedups} {input.busy} {input.bitwise} --claim {params.claim}"
         " --command {params.command:q} --environment {input.environment} --config-sections {input.sections}"
         " --out {output} > {log} 2>&1"
 

@@ -79,3 +79,29 @@ rule paired_speedup:
         " --out-json {output.json} --out-csv {output.csv} --out-html {output.html}"
         " --out-bars {output.bars} --out-trace {output.trace}"
         " --environment {input.environment} --config-sections {input.sections} {params.flags} 2> {log}"
+
+
+# The GPU's busy share of a step, per side (speedup.gpu_busy_steps): a launch of its own after the comparison's
+# triples (so it never sits between two launches of a triple), whose last steps run under the profiler.
+rule rl_gpu_busy:
+    input:
+        unpack(gpu_busy_inputs),
+    output:
+        "results/speedup/{exp}/gpu_busy/{side}.json",
+    wildcard_constraints:
+        side="baseline|optimized",
+    params:
+        command=gpu_busy_command,
+        run="results/speedup/{exp}/gpu_busy/{side}",
+    log:
+        "results/logs/speedup/{exp}/gpu_busy_{side}.log",
+    threads: workflow.cores
+    resources:
+        gpu=1,
+    conda:
+        "../envs/speedproof.yaml"
+    shell:
+        "rm -rf {params.run} && mkdir -p {params.run} && export SPEEDPROOF_OUT={params.run}"
+        " && ({params.command}) > {log} 2>&1"
+        " && python -m workflow_src.subjects.rl.gpu_busy --steps {params.run}/steps.jsonl --side {wildcards.side}"
+        " --exp {wildcards.exp} --out {output} >> {log} 2>&1"

@@ -57,7 +57,7 @@ def speedup_launch_nodes(wildcards):
     return config["rl"]["nnodes"] if speedup_subject(wildcards.exp) == "rl" else 1
 
 
-def speedup_command(exp, launch):
+def speedup_command(exp, launch, steps=None, extra=""):
     """The subject's shell command for one launch. Its output directory is $SPEEDPROOF_OUT, the staging
     directory the launch CLI creates (and publishes as results/speedup/{exp}/{launch} when it passes). In
     deterministic mode the subject is given --deterministic; in production mode it runs as it would in
@@ -69,7 +69,7 @@ def speedup_command(exp, launch):
     quoted = " ".join(shlex.quote(s) for s in switches)
     switch_args = f" --switches {quoted}" if switches else ""
     deterministic = " --deterministic" if speedup_mode(exp) == "deterministic" else ""
-    tail = f'{switch_args}{deterministic} --steps {speedup_steps()} --out "$SPEEDPROOF_OUT"'
+    tail = f'{switch_args}{deterministic} --steps {steps or speedup_steps()}{extra} --out "$SPEEDPROOF_OUT"'
     subject = comp["subject"]
     if subject == "external":
         command = speedup_config()["external"].get(side)
@@ -194,6 +194,31 @@ def speedup_paired_flags(wildcards, input):
 def speedup_json_files():
     """Each configured comparison's speedup.json."""
     return [f"results/speedup/{exp}/speedup.json" for exp in sorted(speedup_config()["comparisons"])]
+
+
+GPU_BUSY_WARMUP = 2  # steps before the profiled ones (compilation, graph capture)
+
+
+def gpu_busy_files():
+    """The GPU busy share per side of each rl comparison with gpu_busy_steps, for the rl evidence record."""
+    return [f"results/speedup/{exp}/gpu_busy/{side}.json" for exp in sorted(speedup_config()["comparisons"])
+            if speedup_subject(exp) == "rl" and speedup_comparison(exp)["gpu_busy_steps"]
+            for side in ("baseline", "optimized")]
+
+
+def gpu_busy_inputs(wildcards):
+    """A launch's inputs (checkpoint, sections, reward environment), after the comparison's paired result."""
+    return {"environment": "results/env/environment.json", "sections": speedup_sections(wildcards.exp),
+            "checkpoint": f"results/checkpoints/{MODEL}", "reward_environment": "results/env/reward_environment.json",
+            "paired": f"results/speedup/{wildcards.exp}/speedup.json"}
+
+
+def gpu_busy_command(wildcards):
+    """The side's launch command (launch A for the baseline, opt for the optimized trainer), profiling its last
+    gpu_busy_steps steps."""
+    k = speedup_comparison(wildcards.exp)["gpu_busy_steps"]
+    return speedup_command(wildcards.exp, "A" if wildcards.side == "baseline" else "opt",
+                           steps=GPU_BUSY_WARMUP + k, extra=f" --profile-steps {k}")
 
 
 def speedup_outputs(exps=None):

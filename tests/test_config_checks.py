@@ -73,6 +73,8 @@ def test_cross_field_problems_are_named_by_key_path():
     assert "threads" not in text.split("group_size")[0]          # an implementation setting may differ
     assert "evidence.engine_bench.population_engines: hf not among evidence.engine_bench.engines" in text
     assert len(found) == 6
+    busy = problems({"speedup": {"comparisons": {"c": {"subject": "rl", "gpu_busy_steps": 2}}}})
+    assert busy == ["speedup.comparisons.c.gpu_busy_steps: the GPU's busy share needs rl.device cuda on both sides"]
     hf = problems({"evidence": {"engine_bench": {"engines": ["hf", "static"]}}})
     assert len(hf) == 1 and "evidence.engine_bench.lengths: histogram:config/lengths/gsm8k-like.csv needs" in hf[0]
 

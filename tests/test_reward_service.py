@@ -68,7 +68,7 @@ def expected(completions=COMPLETIONS, answers=ANSWERS):
 def test_app_health_and_score():
     app = create_app()
     status, doc = call(app, "GET", "/health")
-    assert status == 200 and doc == {"status": "ok", "pid": os.getpid()}
+    assert status == 200 and doc == {"status": "ok", "kind": "grade", "pid": os.getpid()}
     status, doc = call(app, "POST", "/score", score_body())
     assert status == 200
     assert doc == {"id": "r1", "rewards": expected(), "strict": expected(), "format": [1.0, 1.0, 0.0, 1.0, 1.0, 1.0],

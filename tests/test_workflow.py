@@ -84,6 +84,25 @@ def test_gpu_preset_plans_the_rl_evidence_only(tmp_path, preset):
     assert "--source random" in proc.stdout and "--scale real --device cuda" in proc.stdout
 
 
+def test_the_realistic_grpo_preset_plans_both_comparisons_and_the_gpu_busy_launches(tmp_path):
+    """config/presets/rl-qwen2.5-0.5b-grpo-h200.yaml: full and training_code_alone, each launch under its own
+    reward service of the model kind, and two profiled launches for training_code_alone's GPU busy shares."""
+    preset = REPO / "config/presets/rl-qwen2.5-0.5b-grpo-h200.yaml"
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
+                           str(tmp_path), "rl_evidence", "--configfile", str(preset), "-n", "-p", "--cores", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = jobs_planned(proc)
+    assert jobs["speedup_launch"] == 2 and jobs["speedup_next_launch"] == 4 and jobs["rl_gpu_busy"] == 2
+    assert proc.stdout.count("--profile-steps 2") == 2 and "gpu_busy/optimized.json" in proc.stdout
+    from workflow_src.config_schema import resolve
+    cfg = yaml.safe_load(preset.read_text())
+    reward, rl = resolve("reward", cfg["reward"]), resolve("rl", cfg["rl"])
+    assert reward["kind"] == "model" and reward["scorer"]["device"] == "cuda"
+    assert rl["baseline_style"] == "batched" and rl["max_new_tokens"] >= 128
+    assert rl["prompts_per_step"] * rl["group_size"] * rl["rounds"] >= 64
+
+
 def test_operator_preset_plans_the_receipt_at_real_sizes_and_its_record(tmp_path):
     """config/presets/operators-real-h200.yaml: target operator_evidence plans the GPU receipt at real sizes, its
     record (named by sizes and device) and its rows in the ledger, nothing else (a plan; no GPU here)."""

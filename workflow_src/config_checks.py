@@ -41,7 +41,7 @@ def speedup_problems(config: dict[str, Any], schema: dict[str, Any] | None = Non
                     problems.append(f"{where} uses subject external but speedup.external.{side} (the subject's "
                                     "shell command) is not set")
             for key in ("baseline_settings", "optimized_settings", "baseline_reward_service",
-                        "optimized_reward_service"):
+                        "optimized_reward_service", "gpu_busy_steps"):
                 if comp.get(key):
                     problems.append(f"{where}.{key}: only the rl subject takes it")
             continue
@@ -60,6 +60,8 @@ def speedup_problems(config: dict[str, Any], schema: dict[str, Any] | None = Non
                 section = {"type": "object", "properties": rl_schema.get("properties", {})}
                 problems += [f"{where}.{side}_settings.{p}" for p in schema_problems(known, section)]
         base, opt = comp["baseline_settings"], comp["optimized_settings"]
+        if comp["gpu_busy_steps"] and any(side.get("device", config["rl"]["device"]) != "cuda" for side in (base, opt)):
+            problems.append(f"{where}.gpu_busy_steps: the GPU's busy share needs rl.device cuda on both sides")
         for key in sorted((set(base) | set(opt)) & rl_names - set(IMPLEMENTATION_SETTINGS)):
             b, o = base.get(key, config["rl"].get(key)), opt.get(key, config["rl"].get(key))
             if b != o:

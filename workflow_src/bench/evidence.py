@@ -121,15 +121,17 @@ def switch_claims(prefix: str, runs: Sequence[Mapping[str, Any]]) -> list[dict[s
 
 
 SPEEDUP_FORMAT = "speedproof.speedup/2"
+GPU_BUSY_FORMAT = "speedproof.gpu-busy/1"  # workflow_src/subjects/rl/gpu_busy.py
 BITWISE_FORMAT = "speedproof.bitwise-summary/2"
 
 
 def rl_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     speedups = [r for r in raws if r.get("format") == SPEEDUP_FORMAT]
     summaries = [r for r in raws if r.get("format") == BITWISE_FORMAT]
-    if len(summaries) != 1 or not speedups or len(speedups) + 1 != len(raws):
-        raise ValueError(f"rl evidence: give each comparison's speedup.json ({SPEEDUP_FORMAT}) and one bitwise "
-                         f"comparison.json ({BITWISE_FORMAT})")
+    busy = [r for r in raws if r.get("format") == GPU_BUSY_FORMAT]
+    if len(summaries) != 1 or not speedups or len(speedups) + len(busy) + 1 != len(raws):
+        raise ValueError(f"rl evidence: give each comparison's speedup.json ({SPEEDUP_FORMAT}), one bitwise "
+                         f"comparison.json ({BITWISE_FORMAT}) and any GPU busy shares ({GPU_BUSY_FORMAT})")
     bitwise = summaries[0]
     wrong = [c["candidate"] for c in bitwise["comparisons"] if not c["as_expected"]]
     if wrong or not bitwise["all_as_expected"]:
@@ -152,6 +154,11 @@ def rl_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, 
         out.append(claim(f"{prefix}.{exp}.ab_gap",
                          f"the largest gap between baselines A and B in a window ({exp}): the protocol's noise",
                          "share", [gaps[r] for r in sorted(gaps)]))
+    for b in sorted(busy, key=lambda b: (b["exp"], b["side"])):
+        out.append(claim(f"{prefix}.{b['exp']}.gpu_busy.{b['side']}",
+                         f"share of the {b['side']} trainer's step the GPU is busy (kernels and copies over wall "
+                         f"time, torch profiler; {b['exp']} comparison's settings, profiled steps of a launch of "
+                         "its own); one value per profiled step", "share", b["shares"]))
     for c in sorted(bitwise["comparisons"], key=lambda c: c["candidate"]):
         where = f"{c['steps']} steps on {c['ranks']} rank(s), {c['compared']} values"
         if c["expect"] == "pass":

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 
 from workflow_src.checkpoints import CheckpointError
 from workflow_src.checkpoints.tokenizer import build_tokenizer
@@ -47,11 +48,26 @@ def build(spec: dict[str, Any], task_spec: dict[str, Any], out_dir: Path, progre
         raise CheckpointError(f"checkpoint.random: {e}") from None
     cfg = Qwen2Config(**arch, use_cache=True, bos_token_id=tokenizer.bos_token_id,
                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, dtype=spec["dtype"])
-    dtype = DTYPES[spec["dtype"]]
+    model = random_model(cfg, spec["seed"], spec["init_std"], DTYPES[spec["dtype"]], progress)
+    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id,
+                                               eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id, do_sample=False)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return {"parameters": sum(p.numel() for p in model.parameters()), "dtype": spec["dtype"]}
+
+
+@torch.no_grad()
+def random_model(cfg: Qwen2Config, seed: int, init_std: float, dtype: torch.dtype,
+                 progress: bool = False) -> Qwen2ForCausalLM:
+    """A Qwen2ForCausalLM of `cfg` on the CPU with this module's deterministic weights (the same bytes on every
+    machine for the same seed)."""
     with torch.device("meta"):
         model = Qwen2ForCausalLM(cfg)
     model = model.to(dtype).to_empty(device="cpu")  # cast while on meta: a 7B shape never exists in fp32
     model.tie_weights()  # to_empty made the tied pair two tensors again
+    # to_empty left the buffers uninitialized too: the rotary tables are made again as a real load makes them
+    model.model.rotary_emb = Qwen2RotaryEmbedding(config=cfg)
     params = dict(model.named_parameters())  # tied weights appear once
     bar = progress_bar(sorted(params), desc="random init", unit="tensor", disable=not progress)
     for name in bar:
@@ -61,11 +77,6 @@ def build(spec: dict[str, Any], task_spec: dict[str, Any], out_dir: Path, progre
         elif name.endswith(".bias"):
             p.zero_()
         else:
-            g = torch.Generator().manual_seed(tensor_seed(spec["seed"], name))
-            p.copy_(torch.empty(p.shape, dtype=torch.float32).normal_(0.0, spec["init_std"], generator=g))
-    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id,
-                                               eos_token_id=tokenizer.eos_token_id,
-                                               pad_token_id=tokenizer.pad_token_id, do_sample=False)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
-    return {"parameters": sum(p.numel() for p in params.values()), "dtype": spec["dtype"]}
+            g = torch.Generator().manual_seed(tensor_seed(seed, name))
+            p.copy_(torch.empty(p.shape, dtype=torch.float32).normal_(0.0, init_std, generator=g))
+    return model

@@ -2,7 +2,9 @@
 
 `POST /score` answers, per completion, `rewards` (the task's grade, with its lenient extraction),
 `strict` (only the task's own answer marker counts) and `format` (1.0 when that marker is present).
-Grading is a pure function of (task, completion, answer), so every worker gives the same rewards.
+Grading is a pure function of (task, completion, answer), so every worker gives the same rewards. The model
+kind (`scorer.py`) adds a scorer's forward over each completion's token ids (`completion_ids` in the request):
+`model` is its score and `rewards` the grade plus the weighted score; /health names the scorer.
 """
 
 from __future__ import annotations
@@ -80,7 +82,18 @@ def _read_body(environ, max_body_bytes: int, body_timeout_s: float | None = None
     return b"".join(chunks)
 
 
-def _parse_score_request(body: bytes) -> tuple[str, str, list[str], list[str]]:
+def _parse_completion_ids(doc: dict, n: int) -> list[list[int]]:
+    ids = doc.get("completion_ids")
+    if ids is None:
+        raise _BadRequest(400, "this service scores completions with a model: send completion_ids (the "
+                               "completions' token ids)")
+    if (not isinstance(ids, list) or len(ids) != n
+            or not all(isinstance(row, list) and all(type(t) is int for t in row) for row in ids)):
+        raise _BadRequest(400, f"completion_ids must be {n} lists of integers, one per completion")
+    return ids
+
+
+def _parse_score_request(body: bytes) -> tuple[str, str, list[str], list[str], dict]:
     try:
         doc = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -106,7 +119,7 @@ def _parse_score_request(body: bytes) -> tuple[str, str, list[str], list[str]]:
             raise _BadRequest(400, f"{name} must be a list of strings")
     if len(completions) != len(answers):
         raise _BadRequest(400, f"length mismatch: {len(completions)} completions, {len(answers)} answers")
-    return req_id, task, completions, answers
+    return req_id, task, completions, answers, doc
 
 
 def score(task: str, completions: list[str], answers: list[str]) -> dict[str, list[float]]:
@@ -117,13 +130,32 @@ def score(task: str, completions: list[str], answers: list[str]) -> dict[str, li
             "format": [float(t.format_ok(c)) for c in completions]}
 
 
-def create_app(max_body_bytes: int = 1_000_000, body_timeout_s: float | None = 5.0):
+def create_app(max_body_bytes: int = 1_000_000, body_timeout_s: float | None = 5.0, scorer: str | None = None):
     """The reward service's WSGI callable; bodies over `max_body_bytes` are refused with 413, bodies that have
-    not arrived whole after `body_timeout_s` with 408. Every answer is JSON, errors included."""
+    not arrived whole after `body_timeout_s` with 408. Every answer is JSON, errors included. `scorer`: the
+    JSON of a resolved `reward.scorer` section, for the model kind (loaded here, in each worker, so a worker
+    that cannot hold its model fails to boot and the service never becomes healthy)."""
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes: {max_body_bytes}; must be >= 1")
     if body_timeout_s is not None and body_timeout_s <= 0:
         raise ValueError(f"body_timeout_s: {body_timeout_s}; must be > 0 (or None: no deadline)")
+    model = None
+    if scorer is not None:
+        from workflow_src.subjects.reward.scorer import Scorer
+        spec = json.loads(scorer)
+        model, weight = Scorer(spec), spec["weight"]
+    health = {"status": "ok", "kind": "model" if model else "grade", **({"scorer": model.info()} if model else {})}
+
+    def score_request(task: str, completions: list[str], answers: list[str], doc: dict) -> dict:
+        out = score(task, completions, answers)
+        if model is not None:
+            from workflow_src.subjects.reward.scorer import ScorerError, combine
+            try:
+                out["model"] = model.score(_parse_completion_ids(doc, len(completions)))
+            except ScorerError as exc:
+                raise _BadRequest(400, str(exc))
+            out["rewards"] = combine(out["rewards"], out["model"], weight)
+        return out
 
     def app(environ, start_response):
         path = environ.get("PATH_INFO", "")
@@ -133,14 +165,14 @@ def create_app(max_body_bytes: int = 1_000_000, body_timeout_s: float | None = 5
                 if method not in ("GET", "HEAD"):
                     return _respond(start_response, 405, {"error": f"{method} not allowed on {path}"},
                                     [("Allow", "GET, HEAD")])
-                return _respond(start_response, 200, {"status": "ok", "pid": os.getpid()})
+                return _respond(start_response, 200, {**health, "pid": os.getpid()})
             if path == "/score":
                 if method != "POST":
                     return _respond(start_response, 405, {"error": f"{method} not allowed on {path}"},
                                     [("Allow", "POST")])
                 body = _read_body(environ, max_body_bytes, body_timeout_s)
-                req_id, task, completions, answers = _parse_score_request(body)
-                return _respond(start_response, 200, {"id": req_id, **score(task, completions, answers),
+                req_id, task, completions, answers, doc = _parse_score_request(body)
+                return _respond(start_response, 200, {"id": req_id, **score_request(task, completions, answers, doc),
                                                       "pid": os.getpid()})
             return _respond(start_response, 404, {"error": f"no such path: {path}"})
         except _BadRequest as exc:

@@ -52,6 +52,7 @@ class RewardClient:
         self._pool = ThreadPoolExecutor(max_workers=max_inflight, thread_name_prefix="reward-client")
         self._closed = False
         self.retry_count = 0  # attempts retried after a connection error, timeout or 5xx (for logs/tests)
+        self.service: dict | None = None  # what /health said when the trainer checked it (the scorer, if any)
 
     def _session(self) -> requests.Session:
         s = getattr(self._local, "session", None)
@@ -95,24 +96,31 @@ class RewardClient:
             raise RewardServiceError(f"the reward service at {self.url} is not reachable "
                                      f"({self.retries + 1} attempts; last error: {last})") from None
 
-    def score(self, completions: list[str], answers: list[str]) -> list[float]:
-        return self.score_detail(completions, answers)["rewards"]
+    def score(self, completions: list[str], answers: list[str], ids: list[list[int]] | None = None) -> list[float]:
+        return self.score_detail(completions, answers, ids)["rewards"]
 
-    def score_detail(self, completions: list[str], answers: list[str]) -> dict[str, list[float]]:
-        """{"rewards", "strict", "format"}, one value per completion, in order."""
+    def score_detail(self, completions: list[str], answers: list[str],
+                     ids: list[list[int]] | None = None) -> dict[str, list[float]]:
+        """{"rewards", "strict", "format"}, one value per completion, in order (and "model", the scorer's
+        scores, from a service of the model kind, which needs the completions' token `ids`)."""
         completions, answers = list(completions), list(answers)
-        if len(completions) != len(answers):
-            raise ValueError(f"{len(completions)} completions, {len(answers)} answers")
-        out: dict[str, list[float]] = {k: [] for k in FIELDS}
+        if len(completions) != len(answers) or (ids is not None and len(ids) != len(completions)):
+            raise ValueError(f"{len(completions)} completions, {len(answers)} answers"
+                             + (f", {len(ids)} token-id lists" if ids is not None else ""))
+        out: dict[str, list[float]] = {}
         for start in range(0, len(completions), self.max_batch):
-            part = self._post(completions[start:start + self.max_batch], answers[start:start + self.max_batch])
-            for k in FIELDS:
-                out[k] += part[k]
+            end = start + self.max_batch
+            part = self._post(completions[start:end], answers[start:end], None if ids is None else ids[start:end])
+            for k, values in part.items():
+                out.setdefault(k, []).extend(values)
         return out
 
-    def _post(self, completions: list[str], answers: list[str]) -> dict[str, list[float]]:
+    def _post(self, completions: list[str], answers: list[str],
+              ids: list[list[int]] | None) -> dict[str, list[float]]:
         req_id = str(uuid.uuid4())
         payload = {"id": req_id, "task": self.task, "completions": completions, "answers": answers}
+        if ids is not None:
+            payload["completion_ids"] = ids
 
         def attempt() -> dict[str, list[float]]:
             try:
@@ -148,7 +156,7 @@ class RewardClient:
             got = doc.get("id") if isinstance(doc, dict) else doc
             raise RewardServiceError(f"{self.score_url} answered id {got!r} to request {req_id!r}")
         out = {}
-        for key in FIELDS:
+        for key in FIELDS + ("model",) * ("model" in doc):
             values = doc.get(key)
             if (not isinstance(values, list) or len(values) != n
                     or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in values)):
@@ -157,10 +165,11 @@ class RewardClient:
             out[key] = [float(x) for x in values]
         return out
 
-    def submit(self, completions: list[str], answers: list[str]) -> Future | list[float]:
+    def submit(self, completions: list[str], answers: list[str],
+               ids: list[list[int]] | None = None) -> Future | list[float]:
         if not self.overlap:
-            return self.score(completions, answers)
-        return self._pool.submit(self.score, list(completions), list(answers))
+            return self.score(completions, answers, ids)
+        return self._pool.submit(self.score, list(completions), list(answers), ids)
 
     @staticmethod
     def resolve(handle: Future | list[float]) -> list[float]:

@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     svc = RewardService(workers=settings["workers"], threads=settings["threads"],
                         omp_threads=settings["omp_threads"], python=python,
                         max_body_bytes=section["max_body_bytes"], body_timeout_s=section["body_timeout_s"],
-                        startup_timeout_s=section["startup_timeout_s"])
+                        startup_timeout_s=section["startup_timeout_s"],
+                        scorer=section["scorer"] if section["kind"] == "model" else None)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _raise_stop)
     started = time.time()
@@ -127,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         svc.stop()
         if args.record:
             atomic_write_json(args.record, {
-                "service": args.service, "settings": settings, "url": url, "python": python,
+                "service": args.service, "settings": settings, "kind": section["kind"],
+                "scorer": section["scorer"] if section["kind"] == "model" else None, "url": url, "python": python,
                 "gunicorn": gunicorn_version(python), "started_unix": started, "stopped_unix": time.time(),
                 "command_exit_code": rc})
 

@@ -9,6 +9,7 @@ even a SIGKILLed launcher leaves no server behind (gunicorn's workers exit with 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import socket
@@ -48,7 +49,7 @@ class RewardService:
     def __init__(self, workers: int = 2, threads: int = 2, port: int | None = None, host: str = "127.0.0.1",
                  startup_timeout_s: float = 30.0, stop_timeout_s: float = 10.0, worker_timeout_s: int = 30,
                  python: str | None = None, omp_threads: int | None = None, max_body_bytes: int = 1_000_000,
-                 body_timeout_s: float | None = 5.0):
+                 body_timeout_s: float | None = 5.0, scorer: dict | None = None):
         if workers < 1 or threads < 1:
             raise ValueError(f"workers={workers}, threads={threads}; both must be >= 1")
         if omp_threads is not None and omp_threads < 1:
@@ -58,6 +59,7 @@ class RewardService:
         self.omp_threads = omp_threads
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
+        self.scorer = scorer
         self.host = host
         self.port = port
         self.startup_timeout_s = startup_timeout_s
@@ -98,7 +100,8 @@ class RewardService:
                "--timeout", str(self.worker_timeout_s), "--graceful-timeout", "3",
                "--chdir", str(REPO), "--log-level", "warning",
                f"workflow_src.subjects.reward.app:create_app(max_body_bytes={int(self.max_body_bytes)}, "
-               f"body_timeout_s={self.body_timeout_s!r})"]
+               f"body_timeout_s={self.body_timeout_s!r}"
+               + (f", scorer={json.dumps(self.scorer, sort_keys=True)!r})" if self.scorer is not None else ")")]
         env = {**os.environ}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
         if self.omp_threads is not None:  # the reference caps each worker's OpenMP/MKL pools
@@ -115,8 +118,11 @@ class RewardService:
         return self
 
     def _wait_healthy(self) -> None:
+        """Until /health answers; with a scorer, until every worker has answered (each loads its own model, and
+        one that cannot would otherwise fail after the launch began)."""
         deadline = time.monotonic() + self.startup_timeout_s
         last_error: Exception | None = None
+        seen: set[int] = set()
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise RewardServiceStartError(
@@ -125,7 +131,10 @@ class RewardService:
             try:
                 r = requests.get(f"{self.url}/health", timeout=1.0)
                 if r.status_code == 200 and r.json().get("status") == "ok":
-                    return
+                    seen.add(r.json().get("pid"))
+                    if self.scorer is None or len(seen) >= self.workers:
+                        return
+                    continue
                 last_error = RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
             except (requests.RequestException, ValueError) as exc:
                 last_error = exc

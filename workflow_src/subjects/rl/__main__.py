@@ -33,15 +33,18 @@ from workflow_src.subjects.rl.settings import GPU_ONLY, SWITCHES, RLSettings, Se
 
 def make_rewards(url: str | None, reward_section: str | None, overlap: bool, task: str = "synthetic_arithmetic"):
     """The reward-service client when a URL is given, else None (the trainer grades in process)."""
+    section = resolve("reward", load_config_section(reward_section)["value"] if reward_section else {})
     if not url:
+        if section["kind"] == "model":
+            raise SystemExit("rl: reward.kind model scores completions in the reward service, and no service URL "
+                             f"was given (${URL_VARIABLE} or --reward-url); nothing was recorded")
         return None
     from workflow_src.subjects.reward.client import RewardClient, RewardServiceError
-    section = load_config_section(reward_section)["value"] if reward_section else {}
-    client = resolve("reward", section)["client"]
+    client = section["client"]
     rewards = RewardClient(url, timeout_s=client["timeout_s"], retries=client["retries"],
                            backoff_s=client["backoff_s"], max_batch=client["max_batch"], overlap=overlap, task=task)
     try:
-        rewards.health()  # fail before any work, with the URL in the message
+        rewards.service = rewards.health()  # fail before any work, with the URL in the message
     except RewardServiceError as e:
         rewards.close()
         raise SystemExit(f"rl: {e}; nothing was recorded") from None
@@ -96,6 +99,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reward-url", default=os.environ.get(URL_VARIABLE),
                     help=f"the reward service (default: ${URL_VARIABLE}; unset: grade in process)")
     parser.add_argument("--reward-section", help="results/config/reward.json: the client's timeout and retries")
+    parser.add_argument("--profile-steps", type=int, default=0, metavar="K",
+                        help="profile the last K steps and record each one's GPU busy share (gpu_busy.py; CUDA "
+                             "only: profiled steps are for that figure, never for timing)")
     args = parser.parse_args(argv)
 
     task_spec = resolve("task.synthetic_arithmetic", load_config_section(args.task_section)["value"])
@@ -114,6 +120,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"rl: {e}") from None
     if args.steps < 1:
         raise SystemExit("rl: --steps must be >= 1")
+    if not 0 <= args.profile_steps <= args.steps:
+        raise SystemExit(f"rl: --profile-steps {args.profile_steps} must be within 0..--steps ({args.steps})")
+    if args.profile_steps and settings.device != "cuda":
+        raise SystemExit("rl: --profile-steps measures the GPU's busy share: it needs rl.device cuda")
 
     import torch.distributed as dist
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
@@ -121,7 +131,13 @@ def main(argv: list[str] | None = None) -> None:
     from workflow_src.subjects.rl.trainer import Trainer
     rewards = make_rewards(args.reward_url, args.reward_section, overlap="reward_overlap" in switches,
                            task=settings.reward_task)
-    trainer = Trainer(args.checkpoint, settings, task_spec, switches, deterministic=args.deterministic, rewards=rewards)
+    try:
+        trainer = Trainer(args.checkpoint, settings, task_spec, switches, deterministic=args.deterministic,
+                          rewards=rewards)
+    except SettingsError as e:
+        if rewards is not None:
+            rewards.close()
+        raise SystemExit(f"rl: {e}; nothing was recorded") from None
     rank = trainer.rank
     records = []
     identity = run_identity(rl_cfg, task_spec, args.checkpoint_manifest)
@@ -133,7 +149,12 @@ def main(argv: list[str] | None = None) -> None:
         evaluation = trainer.evaluate()
         bar = progress_bar(range(args.steps), desc=f"rl {args.impl}", disable=rank != 0, file=sys.stderr)
         for step in bar:
-            rec = trainer.step(step)
+            if step >= args.steps - args.profile_steps:
+                from workflow_src.subjects.rl.gpu_busy import profiled
+                rec, busy = profiled(lambda: trainer.step(step))  # noqa: B023 - called at once
+                rec["gpu_busy"] = busy
+            else:
+                rec = trainer.step(step)
             rec.update(impl=args.impl, switches=sorted(switches), rewards="in_process" if rewards is None else "service")
             if step == 0 and rank == 0:
                 rec["eval"] = evaluation

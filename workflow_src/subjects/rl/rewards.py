@@ -16,10 +16,12 @@ class InProcessRewards:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rewards") if overlap else None
         self._task = get_task(task)
 
-    def score(self, completions: list[str], answers: list[str]) -> list[float]:
+    def score(self, completions: list[str], answers: list[str], ids: list[list[int]] | None = None) -> list[float]:
         return [self._task.grade(c, a) for c, a in zip(completions, answers)]
 
-    def submit(self, completions: list[str], answers: list[str]) -> Future | list[float]:
+    def submit(self, completions: list[str], answers: list[str],
+               ids: list[list[int]] | None = None) -> Future | list[float]:
+        """`ids` (the completions' token ids) are for a model-scored service; grading reads the text alone."""
         if self._pool is None:
             return self.score(completions, answers)
         return self._pool.submit(self.score, completions, answers)

@@ -64,6 +64,20 @@ class Batch:
     old_logp: list[torch.Tensor] = field(default_factory=list)
 
 
+def check_scorer_fits(service: dict | None, vocab: int, max_new_tokens: int) -> None:
+    """A model-scored service's scorer must read every completion this trainer can sample: token ids below the
+    tokenizer's size, up to max_new_tokens of them (its /health names the scorer)."""
+    scorer = (service or {}).get("scorer")
+    if not scorer:
+        return
+    if scorer["vocab_size"] < vocab:
+        raise SettingsError(f"the reward service's scorer ({scorer['architecture']}) has a vocabulary of "
+                            f"{scorer['vocab_size']} ids; the policy's tokenizer has {vocab}")
+    if scorer["context"] < max_new_tokens:
+        raise SettingsError(f"the reward service's scorer reads {scorer['context']} tokens a completion "
+                            f"(reward.scorer.context); rl.max_new_tokens is {max_new_tokens}")
+
+
 class PhaseTimer:
     """Wall time per phase; on a GPU each phase ends with a synchronize so queued work is counted where it runs."""
 
@@ -146,6 +160,7 @@ class Trainer:
         if rewards is None:
             rewards = InProcessRewards(overlap="reward_overlap" in switches, task=settings.reward_task)
         self.rewards = rewards
+        check_scorer_fits(getattr(rewards, "service", None), len(self.tok), settings.max_new_tokens)
         splits = task.make_splits(task_spec)
         self.train, self.test = splits["train"], splits["test"]
         eos = self.tok.eos_token_id
@@ -179,14 +194,15 @@ class Trainer:
                                 fused=self.fused, graphs="graph_decode" in self.switches)
         return rollout_generate(self.rollout_model, groups, seeds, self.sampling)
 
-    def _completion(self, row: torch.Tensor, prompt_len: int) -> tuple[str, torch.Tensor]:
-        """Decoded completion (up to the first eos) and its mask over the whole row."""
+    def _completion(self, row: torch.Tensor, prompt_len: int) -> tuple[str, torch.Tensor, list[int]]:
+        """Decoded completion (up to the first eos), its mask over the whole row and its token ids."""
         gen = row[prompt_len:]
         eos_at = (gen == self.tok.eos_token_id).nonzero()
         n = int(eos_at[0]) + 1 if len(eos_at) else len(gen)
         mask = torch.zeros(len(row), dtype=torch.float32)
         mask[prompt_len:prompt_len + n] = 1.0
-        return self.tok.decode(gen[:n].tolist(), skip_special_tokens=True), mask
+        ids = gen[:n].tolist()
+        return self.tok.decode(ids, skip_special_tokens=True), mask, ids
 
     def _ref_logprobs(self, batches: list[Batch]) -> None:
         if "ref_batched" in self.switches and self.chunk_gemms:
@@ -256,10 +272,10 @@ class Trainer:
             token_digests[f"round{rnd}"] = tensor_digest(torch.cat([x.flatten() for x in seqs]))
             with timer("reward_submit"):
                 for g, (p, ids, inp) in enumerate(zip(problems, seqs, round_inputs)):
-                    texts, masks = zip(*(self._completion(row, inp.shape[1]) for row in ids.cpu()))
+                    texts, masks, tokens = zip(*(self._completion(row, inp.shape[1]) for row in ids.cpu()))
                     b = Batch(g, rnd, ids, torch.stack(masks).to(self.device), inp.shape[1], p.answer)
                     batches.append(b)
-                    handles.append(self.rewards.submit(list(texts), [p.answer] * len(texts)))
+                    handles.append(self.rewards.submit(list(texts), [p.answer] * len(texts), list(tokens)))
             sep = torch.tensor(self.sep, dtype=torch.long, device=self.device)[None, :].repeat(s.group_size, 1)
             round_inputs = [torch.cat([x, sep], 1) for x in seqs]
         if "reward_overlap" not in self.switches:

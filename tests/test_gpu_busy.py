@@ -1,0 +1,43 @@
+"""The GPU busy share of an RL step: intervals are counted once where kernels overlap, a launch's profiled
+steps reduce to one figure per side, and those figures become claims of the rl evidence record."""
+import pytest
+
+from workflow_src.bench import evidence
+from workflow_src.subjects.rl.gpu_busy import FORMAT, summarize, union_seconds
+
+
+def test_overlapping_intervals_count_once():
+    assert union_seconds([]) == 0.0
+    assert union_seconds([(0, 2), (1, 3), (5, 6), (5.5, 5.8)]) == 4.0
+    assert union_seconds([(4, 5), (0, 10)]) == 10.0
+
+
+def test_profiled_steps_become_one_figure_per_side_and_rl_claims():
+    recs = [{"step": 0, "rank": 0}, {"step": 1, "gpu_busy": {"device_s": 1.0, "wall_s": 4.0, "share": 0.25}},
+            {"step": 2, "gpu_busy": {"device_s": 3.0, "wall_s": 4.0, "share": 0.75}}]
+    doc = summarize(recs, "baseline", "tca")
+    assert doc["format"] == evidence.GPU_BUSY_FORMAT == FORMAT and doc["steps"] == [1, 2] and doc["median"] == 0.5
+    with pytest.raises(ValueError, match="no step carries gpu_busy"):
+        summarize(recs[:1], "baseline", "tca")
+    speedup = {"format": evidence.SPEEDUP_FORMAT, "experiment": "tca", "bitwise": {"pass": True},
+               "protocol": {"windows": 3, "window_steps": 2, "warmup": 4, "mode": "production"},
+               "repeats": [{"headline": {"ratio": 2.0}}], "noise": {"windows": [{"repeat": 1, "ab_gap": 0.05}]}}
+    bitwise = {"format": evidence.BITWISE_FORMAT, "all_as_expected": True, "comparisons": []}
+    by_id = {c["id"]: c for c in evidence.rl_claims("rl", [speedup, doc, {**doc, "side": "optimized"}, bitwise])}
+    assert by_id["rl.tca.gpu_busy.baseline"]["values"] == [0.25, 0.75] and "rl.tca.gpu_busy.optimized" in by_id
+    with pytest.raises(ValueError, match="GPU busy shares"):
+        evidence.rl_claims("rl", [speedup, doc, bitwise, {"format": "other"}])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_a_gpu_bound_call_keeps_the_gpu_busy_and_a_sleeping_one_does_not():
+    import time
+
+    import torch
+
+    from workflow_src.subjects.rl.gpu_busy import profiled
+    a = torch.randn(4096, 4096, device="cuda")
+    _, busy = profiled(lambda: [a @ a for _ in range(50)])
+    _, idle = profiled(lambda: (a @ a, time.sleep(0.2)))
+    assert busy["share"] > 0.8 and idle["share"] < 0.2 and busy["activities"] >= 50
