@@ -82,10 +82,11 @@ def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
     # halves the bandwidth). The multiplies and adds wrap on purpose (sanitize_overflow=False: TRITON_DEBUG
     # must not flag them).
     # SCHEME: 0 ours (MurmurHash3_x86_32 of the index, sign from bit 31), 1 flashopt (fmix32 folded over the
-    # index words and the seed, sign from bit 0; noise/flashopt.py), always index by index.
+    # index words and the seed, sign from bit 0; noise/flashopt.py), always index by index; 2 speedproof-v2
+    # (our hash of the word index i >> 5, sign from bit i & 31; noise/speedproof_v2.py), one hash per lane.
     seed, sigma_bits = _seed_and_sigma_bits(seed, sigma, FROM_PTR)
     pid = tl.program_id(0)
-    if (SCHEME == 1) or LITERAL:
+    if (SCHEME == 1) or (SCHEME == 2) or LITERAL:
         local = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
         if MASKED:
             mask = local < n
@@ -97,18 +98,19 @@ def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
         h = _fmix32((idx >> 32).to(tl.uint32) ^ h)
         h = _fmix32(seed.to(tl.uint32) ^ h)
         flip = (h & 1) << 31
-    elif LITERAL:
-        # h = MurmurHash3_x86_32(idx as 8 little-endian bytes, seed), in uint32
+    elif (SCHEME == 2) or LITERAL:
+        # h = MurmurHash3_x86_32(key as 8 little-endian bytes, seed), in uint32; the key is the element's
+        # index (scheme 0) or its word's index (scheme 2)
+        key = idx >> 5 if SCHEME == 2 else idx
         h = tl.full([BLOCK], 0, tl.uint32) + seed.to(tl.uint32)
         for word in tl.static_range(2):  # the low word (truncation), then the high word
-            h = _state_step(h ^ _key_mix((idx >> (32 * word)).to(tl.uint32)))
+            h = _state_step(h ^ _key_mix((key >> (32 * word)).to(tl.uint32)))
         h = h ^ 8  # the key length in bytes
-        h = h ^ (h >> 16)
-        h = tl.mul(h, 0x85EBCA6B, sanitize_overflow=False)
-        h = h ^ (h >> 13)
-        h = tl.mul(h, 0xC2B2AE35, sanitize_overflow=False)
-        h = h ^ (h >> 16)
-        flip = h & 0x80000000
+        h = _fmix32(h)
+        if SCHEME == 2:
+            flip = ((h >> (idx & 31).to(tl.uint32)) & 1) << 31
+        else:
+            flip = h & 0x80000000
     else:
         # The hash costs more integer instructions per element than the two memory accesses leave room
         # for, so everything a block shares is scalar: the pointers and the global index in int64, the
@@ -334,7 +336,7 @@ def _word_views(src: torch.Tensor, dst: torch.Tensor, start: int, count: int):
         return None
 
 
-SCHEME_CODES = {"speedproof": 0, "flashopt": 1}
+SCHEME_CODES = {"speedproof": 0, "flashopt": 1, "speedproof-v2": 2}
 
 
 def _launch(base, target, n, offset, seed, sigma, block, num_warps, interpret, from_ptr, variant, scheme):
@@ -567,19 +569,20 @@ def cases(scale: str, device: str) -> list[Case]:
             return (target,), (want,)
         out.append(Case("perturb", {"shape": list(shape), "base": din, "target": dout, "offset": offset,
                                     "sigma": sigma, "seed": seed, "block": block}, run))
-    # The flashopt scheme (noise/flashopt.py): the element kernel with SCHEME=1 against the same reference
-    # with that scheme's signs.
-    from workflow_src.noise.flashopt import signs as flashopt_signs
-    for i, (shape, d, offset) in enumerate(itertools.product(shapes[-2:], DTYPES, (0, 2**32 - 100))):
-        seed, block = seeds[i % len(seeds)], blocks[i % len(blocks)]
+    # The other schemes (noise/schemes.py): the element kernel with the scheme's SCHEME code against the same
+    # reference with that scheme's signs (offsets on and off a 32-element word boundary).
+    from workflow_src.noise.schemes import signs_function
+    for scheme in ("flashopt", "speedproof-v2"):
+        for i, (shape, d, offset) in enumerate(itertools.product(shapes[-2:], DTYPES, (0, 2**32 - 100))):
+            seed, block = seeds[i % len(seeds)], blocks[i % len(blocks)]
 
-        def run(shape=shape, dtype=DTYPES[d], offset=offset, block=block, seed=seed):
-            base = base_values(shape, dtype, 2e-3, seed=offset % 1000 + len(shape), device=device)
-            target = torch.full(shape, 7.0, dtype=dtype, device=device)
-            want = torch.full(shape, -7.0, dtype=dtype, device=device)
-            reconstruct_triton(base, target, seed, 2e-3, offset, block=block, scheme="flashopt")
-            noise.reconstruct_tensor_reference(base, want, seed, 2e-3, offset, signs=flashopt_signs)
-            return (target,), (want,)
-        out.append(Case("perturb", {"shape": list(shape), "base": d, "target": d, "offset": offset, "sigma": 2e-3,
-                                    "seed": seed, "block": block, "scheme": "flashopt"}, run))
+            def run(shape=shape, dtype=DTYPES[d], offset=offset, block=block, seed=seed, scheme=scheme):
+                base = base_values(shape, dtype, 2e-3, seed=offset % 1000 + len(shape), device=device)
+                target = torch.full(shape, 7.0, dtype=dtype, device=device)
+                want = torch.full(shape, -7.0, dtype=dtype, device=device)
+                reconstruct_triton(base, target, seed, 2e-3, offset, block=block, scheme=scheme)
+                noise.reconstruct_tensor_reference(base, want, seed, 2e-3, offset, signs=signs_function(scheme))
+                return (target,), (want,)
+            out.append(Case("perturb", {"shape": list(shape), "base": d, "target": d, "offset": offset,
+                                        "sigma": 2e-3, "seed": seed, "block": block, "scheme": scheme}, run))
     return out

@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from workflow_src.noise import flashopt, speedproof
+from workflow_src.noise import flashopt, speedproof, speedproof_v2
 
-SCHEMES = ("speedproof", "flashopt")
+SCHEMES = ("speedproof", "speedproof-v2", "flashopt")
 
 
 def check_scheme(scheme: str) -> str:
@@ -19,7 +19,8 @@ def check_scheme(scheme: str) -> str:
 
 def signs_function(scheme: str):
     """R of the scheme: signs(seed, start_index, n, device) → int8 ±1."""
-    return {"speedproof": speedproof.signs, "flashopt": flashopt.signs}[check_scheme(scheme)]
+    return {"speedproof": speedproof.signs, "speedproof-v2": speedproof_v2.signs,
+            "flashopt": flashopt.signs}[check_scheme(scheme)]
 
 
 def layout(scheme: str, params: Mapping[str, torch.Tensor]) -> list[tuple[str, int, int]]:
