@@ -3,7 +3,7 @@ import json
 
 EXP = config["experiment"]
 MODEL = config["checkpoint"]["name"]
-RL_CLAIM = f"rl-paired-{MODEL}"  # the RL subject's evidence record (rules/evidence.smk)
+RL_CLAIM = config["evidence"]["rl_claim"] or f"rl-paired-{MODEL}"  # the RL subject's record (rules/evidence.smk)
 # the operator receipt's evidence record: its sizes and device name it
 OPERATOR_CLAIM = f"operator-receipt-{config['operators']['scale']}-{config['operators']['device']}"
 ENGINE_CLAIM = config["evidence"]["engine_bench"]["claim"]  # the engine comparison's record

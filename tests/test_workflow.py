@@ -95,6 +95,7 @@ def test_the_realistic_grpo_preset_plans_both_comparisons_and_the_gpu_busy_launc
     jobs = jobs_planned(proc)
     assert jobs["speedup_launch"] == 2 and jobs["speedup_next_launch"] == 4 and jobs["rl_gpu_busy"] == 2
     assert proc.stdout.count("--profile-steps 2") == 2 and "gpu_busy/optimized.json" in proc.stdout
+    assert "results/evidence/rl-paired-qwen2.5-0.5b-grpo/record.json" in proc.stdout  # not the 0.5B preset's name
     from workflow_src.config_schema import resolve
     cfg = yaml.safe_load(preset.read_text())
     reward, rl = resolve("reward", cfg["reward"]), resolve("rl", cfg["rl"])
