@@ -69,3 +69,27 @@ rule bitwise_summary:
     shell:
         "python -m workflow_src.bitwise.summary --comparisons {input} --subjects {params.subjects}"
         " --out-json {output.json} --out-csv {output.csv} --out-html {output.html} 2> {log}"
+
+
+# Which switches keep the baseline's bits on this machine (bitwise.switch_check), before 14-step runs are spent.
+rule rl_switch_check:
+    input:
+        checkpoint=f"results/checkpoints/{MODEL}",
+        rl=section_file("rl"),
+        task=section_file("task.synthetic_arithmetic"),
+        check=section_file("bitwise.switch_check"),
+    output:
+        **switch_check_outputs(),
+    params:
+        steps=lambda w: config["bitwise"]["switch_check"]["steps"],
+        candidates=switch_check_flags,
+    log:
+        f"results/logs/switch_check/{EXP}.log",
+    threads: workflow.cores
+    resources:
+        gpu=1,
+    conda:
+        "../envs/speedproof.yaml"
+    shell:
+        "python -m workflow_src.subjects.rl.switch_check --checkpoint {input.checkpoint} --rl-section {input.rl}"
+        " --task-section {input.task} --steps {params.steps} {params.candidates} --out {output.check} > {log} 2>&1"

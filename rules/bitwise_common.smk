@@ -110,3 +110,18 @@ def bitwise_outputs():
     for cand in bitwise_candidates():
         outs += [f"results/bitwise/{exp}/compare/{cand}.json", f"results/bitwise/{exp}/compare/{cand}.html"]
     return outs
+
+
+def switch_check_outputs():
+    """The check's JSON, and with candidates the overlay config whose rl.switches kept the bits."""
+    out = {"check": f"results/switch_check/{EXP}.json"}
+    if config["bitwise"]["switch_check"]["candidates"]:
+        out["overlay"] = f"results/switch_check/{EXP}.switches.json"
+    return out
+
+
+def switch_check_flags(wildcards, output):
+    candidates = config["bitwise"]["switch_check"]["candidates"]
+    if not candidates:
+        return ""
+    return f"--candidates {shlex.quote(','.join(candidates))} --overlay {output.overlay}"

@@ -2,7 +2,6 @@
 its request holds and wherever in a request it sits; the service of that kind answers what the scorer computes
 under other worker settings; and what the scorer cannot read, or a service that cannot load it, stops a
 launch before step 0."""
-import json
 import subprocess
 import sys
 
@@ -53,23 +52,50 @@ COMPLETIONS = ["#### 7", "#### 8", "x", "#### 70", "y"]
 ANSWERS = ["7", "7", "1", "70", "2"]
 
 
-def test_the_model_kind_service_scores_as_the_scorer_under_any_worker_settings(scorer):
+@pytest.fixture(scope="module")
+def model_service():
+    with RewardService(workers=2, threads=2, startup_timeout_s=60, scorer=spec()) as svc:
+        yield svc
+
+
+def test_the_model_kind_service_scores_as_the_scorer_under_any_worker_settings(scorer, model_service):
+    """Against the in-process scorer: other processes, threads and request batches, the same rewards."""
     grades = InProcessRewards(overlap=False).score(COMPLETIONS, ANSWERS)
     want = combine(grades, scorer.score(IDS), 0.5)
-    for workers, threads in ((2, 2),):  # against the in-process scorer: other process, threads, batches
-        with RewardService(workers=workers, threads=threads, startup_timeout_s=60, scorer=spec()) as svc:
-            with RewardClient(svc.url, max_batch=2) as client:  # requests of 2, 2 and 1 completions
-                health = client.health()
-                assert health["kind"] == "model" and health["scorer"]["context"] == 16
-                detail = client.score_detail(COMPLETIONS, ANSWERS, IDS)
-                assert detail["rewards"] == want and detail["model"] == scorer.score(IDS)
-            r = requests.post(f"{svc.url}/score", timeout=10, json={"id": "a", "task": "synthetic_arithmetic",
-                                                                     "completions": ["x"], "answers": ["1"]})
-            assert r.status_code == 400 and "send completion_ids" in r.json()["error"]
-            r = requests.post(f"{svc.url}/score", timeout=10, json={
-                "id": "b", "task": "synthetic_arithmetic", "completions": ["x"], "answers": ["1"],
-                "completion_ids": [[1] * 17]})
-            assert r.status_code == 400 and "context is 16" in r.json()["error"]
+    with RewardClient(model_service.url, max_batch=2) as client:  # requests of 2, 2 and 1 completions
+        health = client.health()
+        assert health["kind"] == "model" and health["scorer"]["context"] == 16
+        detail = client.score_detail(COMPLETIONS, ANSWERS, IDS)
+        assert detail["rewards"] == want and detail["model"] == scorer.score(IDS)
+    r = requests.post(f"{model_service.url}/score", timeout=10, json={"id": "a", "task": "synthetic_arithmetic",
+                                                                       "completions": ["x"], "answers": ["1"]})
+    assert r.status_code == 400 and "send completion_ids" in r.json()["error"]
+    r = requests.post(f"{model_service.url}/score", timeout=10, json={
+        "id": "b", "task": "synthetic_arithmetic", "completions": ["x"], "answers": ["1"],
+        "completion_ids": [[1] * 17]})
+    assert r.status_code == 400 and "context is 16" in r.json()["error"]
+
+
+def test_the_trainer_sends_its_completions_ids_to_the_scorer(rl_subject_checkpoint, model_service):
+    """A step's rewards from the model kind are the in-process grades plus 0.5 × a score in (0, 1) each."""
+    import struct
+
+    from test_rl_subject import RL, TASK
+
+    from workflow_src.subjects.rl.settings import RLSettings
+    from workflow_src.subjects.rl.trainer import Trainer
+
+    def rewards(client):
+        t = Trainer(rl_subject_checkpoint, RLSettings.from_dict(RL), TASK, frozenset({"lean_decode"}), rewards=client)
+        try:
+            return [struct.unpack(">f", bytes.fromhex(h))[0] for h in t.step(0)["samples"]["rewards"]]
+        finally:
+            t.close()
+
+    client = RewardClient(model_service.url, overlap=False)
+    client.service = client.health()
+    graded, scored = rewards(None), rewards(client)
+    assert len(graded) == len(scored) and all(0.0 < s - g < 0.5 for g, s in zip(graded, scored))
 
 
 def test_a_service_that_cannot_load_its_scorer_never_becomes_healthy():
@@ -90,24 +116,15 @@ def test_a_launch_whose_completions_the_scorer_cannot_read_fails_before_step_0(r
     with pytest.raises(SettingsError, match="vocabulary of 8 ids; the policy's tokenizer has 40"):
         check_scorer_fits({"scorer": {"architecture": "a", "vocab_size": 8, "context": 32}}, 40, 14)
     check_scorer_fits({"kind": "grade"}, 40, 14)
-    def launch(context, out):
-        reward = write_section(tmp_path / "reward.json", "reward", {"kind": "model", "service": "one",
-                               "services": {"one": {"workers": 1, "threads": 1}},
-                               "scorer": {"overrides": TINY, "rows": 4, "context": context}})
-        return subprocess.run([sys.executable, "-m", "workflow_src.subjects.reward.serve", "--reward-section",
-                               str(reward), "--service", "one", "--record", str(tmp_path / f"{out.name}.json"), "--",
-                               sys.executable, "-m", "workflow_src.subjects.rl", "--impl", "optimized", "--switches",
-                               "lean_decode", "reward_overlap", "--checkpoint", str(rl_subject_checkpoint),
-                               "--rl-section", str(rl), "--task-section", str(task), "--reward-section", str(reward),
-                               "--steps", "1", "--out", str(out)], cwd=REPO, capture_output=True, text=True,
-                              timeout=300, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
-                                                "OMP_NUM_THREADS": "1"})
-
-    proc = launch(RL["max_new_tokens"] - 1, tmp_path / "short")
+    reward = write_section(tmp_path / "reward.json", "reward", {"kind": "model", "service": "one",
+                           "services": {"one": {"workers": 1, "threads": 1}},
+                           "scorer": {"overrides": TINY, "rows": 4, "context": RL["max_new_tokens"] - 1}})
+    out = tmp_path / "short"
+    proc = subprocess.run([sys.executable, "-m", "workflow_src.subjects.reward.serve", "--reward-section", str(reward),
+                           "--service", "one", "--", sys.executable, "-m", "workflow_src.subjects.rl", "--impl",
+                           "baseline", "--checkpoint", str(rl_subject_checkpoint), "--rl-section", str(rl),
+                           "--task-section", str(task), "--reward-section", str(reward), "--steps", "1",
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert proc.returncode != 0 and "reward.scorer.context" in proc.stderr and "nothing was recorded" in proc.stderr
-    assert not (tmp_path / "short/steps.jsonl").exists()
-    # the same launch with a context that holds the completions: its rewards come from the model kind
-    proc = launch(RL["max_new_tokens"], tmp_path / "ok")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    step = json.loads((tmp_path / "ok/steps.jsonl").read_text().splitlines()[0])
-    assert step["rewards"] == "service" and json.loads((tmp_path / "ok.json").read_text())["kind"] == "model"
+    assert not (out / "steps.jsonl").exists()

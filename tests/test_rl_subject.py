@@ -236,6 +236,16 @@ def test_the_lean_padded_rollout_gives_one_batched_generate_calls_bits(checkpoin
                                                  rollout_generate_batched(model, second, 12, s)))
     other = rollout_lean_padded(model, groups, 12, s)
     assert not all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(other, want))
+    # the lean path's masks are transformers' own, value for value and in layout, for a prefill and a decode step
+    from transformers.masking_utils import sdpa_mask
+
+    from workflow_src.subjects.rl.rollout import left_pad, padding_mask
+    _, mask, _ = left_pad(second, tok.pad_token_id)
+    for q in (mask.shape[1], 1):
+        theirs = sdpa_mask(batch_size=mask.shape[0], q_length=q, kv_length=mask.shape[1], q_offset=mask.shape[1] - q,
+                           attention_mask=mask.bool())
+        ours = padding_mask(mask, q)
+        assert torch.equal(ours, theirs) and ours.shape == theirs.shape and ours.stride() == theirs.stride()
 
 
 def test_gpu_only_switches_refuse_the_cpu(checkpoint):

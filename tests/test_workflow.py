@@ -102,6 +102,15 @@ def test_the_realistic_grpo_preset_plans_both_comparisons_and_the_gpu_busy_launc
     assert reward["kind"] == "model" and reward["scorer"]["device"] == "cuda"
     assert rl["baseline_style"] == "batched" and rl["max_new_tokens"] >= 128
     assert rl["prompts_per_step"] * rl["group_size"] * rl["rounds"] >= 64
+    # the switch check of the same preset, with candidates: the check and the overlay it writes
+    extra = tmp_path / "check.yaml"
+    extra.write_text(yaml.safe_dump({"bitwise": {"switch_check": {"candidates": ["fused_elementwise"]}}}))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
+                           str(tmp_path), "rl_switch_check", "--configfile", str(preset), str(extra), "-n", "-p",
+                           "--cores", "2"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("--candidates fused_elementwise --overlay results/switch_check/rl-qwen2_5-0_5b-grpo-h200.switches.json"
+            in proc.stdout)
 
 
 def test_operator_preset_plans_the_receipt_at_real_sizes_and_its_record(tmp_path):

@@ -84,13 +84,17 @@ def _sample(logits: torch.Tensor, generator: torch.Generator, unfinished: torch.
     return tok, unfinished & ~torch.isin(tok, eos)
 
 
-def _padding_mask(mask: torch.Tensor, q: int) -> torch.Tensor | None:
-    """The boolean SDPA mask transformers' Qwen2 forward builds for a left-padded batch (its own mask function:
-    causal within the keys the 2D mask keeps), or None where it builds none (no padding: SDPA's causal flag)."""
-    from transformers.masking_utils import sdpa_mask
+def padding_mask(mask: torch.Tensor, q: int) -> torch.Tensor:
+    """The boolean SDPA mask [B, 1, q, kv] that transformers' Qwen2 forward builds for the last q positions of a
+    left-padded batch (its `sdpa_mask`: key j is seen by query i when j <= i + kv − q and the 2D mask keeps it),
+    the same values and layout, built here without its check for an all-ones mask, which reads the mask back
+    from the device (a wait at every decode step)."""
     kv = mask.shape[1]
-    return sdpa_mask(batch_size=mask.shape[0], q_length=q, kv_length=kv, q_offset=kv - q,
-                     attention_mask=mask.bool(), device=mask.device)
+    keep = mask.bool()[:, None, None, :]
+    if q == 1:
+        return keep
+    causal = torch.ones((q, kv), dtype=torch.bool, device=mask.device).tril(kv - q)
+    return causal[None, None] & keep
 
 
 def rollout_lean_padded(model, groups: list[torch.Tensor], seed: int, s: Sampling, check_every: int | None = None,
@@ -104,7 +108,7 @@ def rollout_lean_padded(model, groups: list[torch.Tensor], seed: int, s: Samplin
     lean = LeanQwen2(model, n, width + s.max_new_tokens, fused=fused, graphs=graphs)
     padded = bool((mask == 0).any())
     pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-    logits = lean.forward(ids, [Segment(0, 0, n, 0, pos, _padding_mask(mask, width) if padded else None)])
+    logits = lean.forward(ids, [Segment(0, 0, n, 0, pos, padding_mask(mask, width) if padded else None)])
     nxt = pos[:, -1:] + 1
     generator = torch.Generator(device=device).manual_seed(seed)
     eos = torch.tensor(s.eos_ids, device=device)
@@ -125,7 +129,7 @@ def rollout_lean_padded(model, groups: list[torch.Tensor], seed: int, s: Samplin
             if len(tokens) >= s.max_new_tokens:
                 break
         mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], 1)
-        seg = Segment(0, 0, n, width + len(tokens) - 1, nxt, _padding_mask(mask, 1) if padded else None)
+        seg = Segment(0, 0, n, width + len(tokens) - 1, nxt, padding_mask(mask, 1) if padded else None)
         logits = lean.forward(tok[:, None], [seg])
         nxt = nxt + 1
     lean.release_graphs()
