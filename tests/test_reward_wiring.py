@@ -69,6 +69,7 @@ def test_the_recorded_interpreter_survives_a_moved_checkout(sections, tmp_path):
     assert recorded_python("/usr/bin/python3") == "/usr/bin/python3"
     assert python_path(".venv/bin/python") == str(CHECKOUT / ".venv/bin/python")
     assert python_path(describe()["python"]) == os.path.abspath(sys.executable)
+    assert describe()["packages"]["torch"] and describe()["packages"]["transformers"]  # the model kind's scorer
     # A record naming the interpreter relative to the checkout starts the service from it.
     env_record = tmp_path / "reward_environment.json"
     env_record.write_text(json.dumps({"python": recorded_python(sys.executable)}))

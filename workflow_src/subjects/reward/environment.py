@@ -19,7 +19,8 @@ from pathlib import Path
 from workflow_src.provenance.atomic import atomic_write_json
 from workflow_src.provenance.hashing import sha256_json
 
-PACKAGES = ("gunicorn", "requests", "math-verify", "sympy", "latex2sympy2_extended")
+# torch and transformers: the model-scored kind's scorer (reward.kind: model); absent (None) where only grading runs
+PACKAGES = ("gunicorn", "requests", "math-verify", "sympy", "latex2sympy2_extended", "torch", "transformers")
 REPO = Path(__file__).resolve().parents[3]
 
 
