@@ -258,6 +258,99 @@ def test_full_run_then_nothing_to_do(tiny_workflow):
     assert "Nothing to be done" in again.stdout + again.stderr
 
 
+def test_the_randopt_clis_outputs_in_the_workflow_run(tiny_workflow, capsys):
+    """The RandOpt CLIs as the TINY run's rules ran them (base, two population shards and their gather, the top-K
+    answers, the probes, bits-per-byte): what each wrote, and the bits-per-byte recomputed here."""
+    import math
+
+    import numpy as np
+    import pandas as pd
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workflow_src.config_schema import resolve
+    from workflow_src.engine.perturber import Perturber
+    from workflow_src.noise import speedproof as noise
+    from workflow_src.randopt import bpb, runtime
+    from workflow_src.randopt.gather import main as gather_main
+    from workflow_src.randopt.population import SHARD_COLUMNS
+    from workflow_src.randopt.select import rank_population
+    res = tiny_workflow.full().result() / "results"
+    rd, cfg = res / "randopt/wftest", resolve("randopt", TINY["randopt"])
+    n, n_train, n_test, shards = cfg["population"], cfg["train_prompts"], cfg["test_prompts"], cfg["shards"]
+    base = json.loads((rd / "base.json").read_text())
+    assert base["task"] == "synthetic_arithmetic" and base["train"]["prompts"] == n_train
+    assert base["test"]["prompts"] == n_test and base["test"]["correct"] == round(base["test"]["accuracy"] * n_test)
+    assert set(base["throughput"]) >= {"base_train", "base_test"} and "provenance" in base
+    import importlib.util
+    # recorded, never assumed: the default static engine on the CPU decodes through SDPA over the full batch
+    # and prefills every position through every layer
+    assert base["model_info"]["attention"] == {"backend": "sdpa", "decode": "sdpa", "compact": False,
+                                               "trim_prefill": False,
+                                               "flash_attn_importable": importlib.util.find_spec("flash_attn") is not None}
+    assert base["throughput"]["base_train"]["prompts"] == n_train and base["throughput"]["base_train"]["generated_tokens"] > 0
+    assert base["model_info"]["versions"] == {"torch": torch.__version__, "transformers": transformers.__version__}
+    bt = pd.read_parquet(rd / "base_test.parquet")
+    assert list(bt.columns) == ["index", "problem_id", "extracted", "correct"] and bt["correct"].dtype == np.int8
+    assert bt["correct"].sum() == base["test"]["correct"] and bt["index"].tolist() == list(range(n_test))
+
+    pop = pd.read_parquet(rd / "population.parquet")
+    assert list(pop.columns) == list(SHARD_COLUMNS) and pop["position"].tolist() == list(range(n))
+    assert pop["shard"].tolist() == [p % shards for p in range(n)] and (pop["train_prompts"] == n_train).all()
+    per_sigma = n // len(cfg["sigmas"])  # randopt.assignment blocks
+    assert pop["sigma"].tolist() == [s for s in cfg["sigmas"] for _ in range(per_sigma)]
+    assert pop["seed"].tolist() == noise.population_seeds(cfg["seed"], n)
+    assert (pop["train_reward"] == pop["train_correct"] / n_train).all() and (pop["generated_tokens"] > 0).all()
+    ckpt = res / "checkpoints/tiny-test"
+    model = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="sdpa").eval()
+    p = Perturber(model, include=cfg["perturb"]["include"], exclude=cfg["perturb"]["exclude"])
+    meta = runtime.read_meta(rd / "population.parquet")
+    assert meta["throughput"]["sampling"]["prompts"] == n * n_train
+    assert meta["model"]["perturbed"]["parameters"] == len(p.layout)
+    first = sorted((rd / "shards").glob("*.parquet"))[0]
+    with pytest.raises(SystemExit) as e:  # the gather CLI, in this process: refuses a repeated shard
+        gather_main([str(first), str(first), "--out", str(res.parent / "bad.parquet")])
+    assert e.value.code == 1 and "duplicated [0]" in capsys.readouterr().err
+    assert not (res.parent / "bad.parquet").exists()
+
+    ranked = rank_population(pop)
+    topk = pd.read_parquet(rd / "topk_test.parquet")
+    kmax = max(r["k"] for r in json.loads((rd / "vote.json").read_text())["sweep"])  # the sweep's largest K
+    assert list(topk.columns) == ["rank", "position", "seed", "sigma", "train_reward", "index", "problem_id",
+                                  "extracted", "correct"]
+    assert len(topk) == kmax * n_test and topk["rank"].tolist() == [k for k in range(kmax) for _ in range(n_test)]
+    assert topk.groupby("rank")["position"].first().tolist() == ranked["position"][:kmax].tolist()
+    probes = pd.read_parquet(rd / "probes.parquet")
+    assert list(probes.columns) == ["rank", "position", "seed", "sigma", "train_reward", "test_accuracy",
+                                    "test_correct", "bpb"]
+    assert probes["position"].tolist() == ranked["position"][:cfg["probes"]].tolist()
+    # a probe's test answers are the top-K table's answers for the same seed (same engine, same prompts)
+    assert probes["test_correct"].tolist() == topk.groupby("rank")["correct"].sum()[:cfg["probes"]].tolist()
+
+    doc = json.loads((rd / "bpb.json").read_text())
+    texts = [json.loads(line)["text"] for line in (res / "heldout_text/texts.jsonl").read_text().splitlines()]
+    k = cfg["bpb"]["k"] or kmax
+    assert doc["ensemble"]["k"] == k and doc["ensemble"]["seeds"] == ranked["seed"][:k].tolist()
+    assert doc["base"]["bytes"] == sum(len(x.encode()) for x in texts) == doc["ensemble"]["bytes"]
+    assert set(doc["throughput"]) >= {"bpb_base", "bpb_ensemble"} and "provenance" in doc
+    # the mixture of the ensemble's seeds and each probe's own bpb, recomputed here from the per-seed models
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    ch = bpb.make_chunks(tok, texts, model.config.max_position_embeddings, cfg["bpb"]["chunk_tokens"])
+    lps = {}
+    for seed, sigma in zip(ranked["seed"][:max(k, cfg["probes"])], ranked["sigma"][:max(k, cfg["probes"])]):
+        p.apply(int(seed), float(sigma))
+        lps[int(seed)] = bpb.token_logprobs(model, ch.ids, cfg["bpb"]["batch_size"])
+    assert [float(-lps[int(s)].sum() / (math.log(2) * ch.bytes)) for s in probes["seed"]] == \
+        pytest.approx(probes["bpb"].tolist(), rel=1e-6)
+    mixture = bpb.mixture_nll([lps[int(s)] for s in doc["ensemble"]["seeds"]])
+    assert float(mixture.sum()) == pytest.approx(doc["ensemble"]["nats"], rel=1e-6)
+    p.restore_base()
+    assert float(-bpb.token_logprobs(model, ch.ids, cfg["bpb"]["batch_size"]).sum()) == \
+        pytest.approx(doc["base"]["nats"], rel=1e-6)
+
+
 def test_rl_record_refuses_a_wrong_trainer_or_a_speedup_off_the_bitwise_run(tiny_workflow):
     """The rl kind takes each comparison's speedup.json and the bitwise summary of the session's tiny run; a
     summary whose control passed (not as expected) or a speedup not measured against the bit-identical run
