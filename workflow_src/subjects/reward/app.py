@@ -141,7 +141,7 @@ def create_app(max_body_bytes: int = 1_000_000, body_timeout_s: float | None = 5
         raise ValueError(f"body_timeout_s: {body_timeout_s}; must be > 0 (or None: no deadline)")
     model = None
     if scorer is not None:
-        from workflow_src.subjects.reward.scorer import Scorer
+        from workflow_src.subjects.reward.scorer import Scorer, ScorerError, combine
         spec = json.loads(scorer)
         model, weight = Scorer(spec), spec["weight"]
     health = {"status": "ok", "kind": "model" if model else "grade", **({"scorer": model.info()} if model else {})}
@@ -149,7 +149,6 @@ def create_app(max_body_bytes: int = 1_000_000, body_timeout_s: float | None = 5
     def score_request(task: str, completions: list[str], answers: list[str], doc: dict) -> dict:
         out = score(task, completions, answers)
         if model is not None:
-            from workflow_src.subjects.reward.scorer import ScorerError, combine
             try:
                 out["model"] = model.score(_parse_completion_ids(doc, len(completions)))
             except ScorerError as exc:

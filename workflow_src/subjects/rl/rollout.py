@@ -106,7 +106,7 @@ def rollout_lean_padded(model, groups: list[torch.Tensor], seed: int, s: Samplin
     n, width = ids.shape
     device = ids.device
     lean = LeanQwen2(model, n, width + s.max_new_tokens, fused=fused, graphs=graphs)
-    padded = bool((mask == 0).any())
+    padded = any(pads)  # known on the host: no read-back of the mask
     pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
     logits = lean.forward(ids, [Segment(0, 0, n, 0, pos, padding_mask(mask, width) if padded else None)])
     nxt = pos[:, -1:] + 1
