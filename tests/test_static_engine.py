@@ -7,6 +7,7 @@ import torch
 from conftest import REPO
 from test_rl_subject import TASK
 
+from workflow_src.bench.engine import bench_engine
 from workflow_src.engine import ThroughputMeter, make_engine
 from workflow_src.engine.attention import attention_backend
 from workflow_src.engine.hf import HFEngine
@@ -168,6 +169,9 @@ def test_triton_decode_attention_agrees_with_sdpa(model_and_tokenizer, prompts):
     assert sum(a == b for a, b in zip(split.generate(prompts[:4], 8), sdpa)) / len(got) >= 0.9
     assert attention_backend(split)["decode_launch"]["splits"] == 3
     assert attention_backend(StaticEngine(model, tok, 4))["decode"] == "sdpa"  # the CPU default
+    # the benchmark's engine labels reach the same engine (its interpreted generation is the test above)
+    labelled = bench_engine("static:attention=triton,launch=16/4/3/2", model, tok, 4, ThroughputMeter())
+    assert attention_backend(labelled)["decode_launch"] == dataclasses.asdict(Launch(16, 4, 3, 2))
     assert "decode" not in attention_backend(HFEngine(model, tok, 4))
     with pytest.raises(ValueError, match="attention"):
         StaticEngine(model, tok, 2, attention="flash")
@@ -205,13 +209,11 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
     out = tmp_path / "bench.json"
     main(["--tiny", "--shapes", "0.5B", "--prompts", "5", "--prompt-chars", "12", "--new-tokens", "6",
           "--batch", "4", "--seeds", "2", "--profile", "3", "--device", "cpu", "--out", str(out),
-          "--engines", "hf", "static", "static:span=4", "static:attention=triton,launch=16/4/3/2",
-          "--population-engines", "static", "static:span=4"])
+          "--engines", "hf", "static", "static:span=4", "--population-engines", "static", "static:span=4"])
     doc = json.loads(out.read_text())
     engines = doc["shapes"]["0.5B"]["engines"]
-    assert set(engines) == {"hf", "static", "static:span=4", "static:attention=triton,launch=16/4/3/2"}
+    assert set(engines) == {"hf", "static", "static:span=4"}
     assert engines["hf"]["ratio_to_hf"] == 1.0
-    assert engines["static:attention=triton,launch=16/4/3/2"]["attention"]["decode_launch"]["splits"] == 2
     with pytest.raises(ValueError, match="block_n/num_warps/num_stages/splits"):
         main(["--tiny", "--device", "cpu", "--out", str(out), "--engines", "static:launch=64/4"])
     assert all(0 < e["generated_tokens"] <= 5 * 6 and e["prompts"] == 5 for e in engines.values())
