@@ -15,7 +15,7 @@ def engine_bench_flags(wildcards):
     s = config["evidence"]["engine_bench"]
     flags = ["--shapes", *s["shapes"], "--engines", *s["engines"], "--prompts", s["prompts"], "--prompt-chars",
              s["prompt_chars"], "--new-tokens", s["new_tokens"], "--batch", s["batch"], "--seeds", s["seeds"],
-             "--repeats", s["repeats"], "--device", s["device"]]
+             "--repeats", s["repeats"], "--device", s["device"], "--seeds-per-step", *s["seeds_per_step"]]
     if s["population_engines"] is not None:
         flags += ["--population-engines", *s["population_engines"]]
     if s["lengths"] is not None:

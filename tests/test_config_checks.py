@@ -77,6 +77,12 @@ def test_cross_field_problems_are_named_by_key_path():
     assert busy == ["speedup.comparisons.c.gpu_busy_steps: the GPU's busy share needs rl.device cuda on both sides"]
     hf = problems({"evidence": {"engine_bench": {"engines": ["hf", "static"]}}})
     assert len(hf) == 1 and "evidence.engine_bench.lengths: histogram:config/lengths/gsm8k-like.csv needs" in hf[0]
+    several = problems({"evidence": {"engine_bench": {"engines": ["static:compact=0", "static"],
+                                                      "seeds_per_step": [1, 2]}}})
+    assert several == []
+    several = problems({"evidence": {"engine_bench": {"engines": ["vllm", "static"], "seeds_per_step": [2],
+                                                      "lengths": None}}})
+    assert len(several) == 1 and "seeds_per_step: 2 seeds per step is the static engine's" in several[0]
 
 
 def test_comparison_settings_are_checked_against_the_rl_schema():

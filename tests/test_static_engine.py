@@ -208,8 +208,9 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
     from workflow_src.bench.engine import main
     out = tmp_path / "bench.json"
     main(["--tiny", "--shapes", "0.5B", "--prompts", "5", "--prompt-chars", "12", "--new-tokens", "6",
-          "--batch", "4", "--seeds", "2", "--profile", "3", "--device", "cpu", "--out", str(out),
-          "--engines", "hf", "static", "static:span=4", "--population-engines", "static", "static:span=4"])
+          "--batch", "4", "--seeds", "3", "--profile", "3", "--device", "cpu", "--out", str(out),
+          "--engines", "hf", "static", "static:span=4", "--population-engines", "static", "static:span=4",
+          "--seeds-per-step", "1", "2"])
     doc = json.loads(out.read_text())
     engines = doc["shapes"]["0.5B"]["engines"]
     assert set(engines) == {"hf", "static", "static:span=4"}
@@ -218,9 +219,16 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
         main(["--tiny", "--device", "cpu", "--out", str(out), "--engines", "static:launch=64/4"])
     assert all(0 < e["generated_tokens"] <= 5 * 6 and e["prompts"] == 5 for e in engines.values())
     pop = doc["population"]["engines"]["static"]
-    assert doc["population"]["seeds"] == 2 and pop["runs"][0]["seeds_per_s"] > 0
-    assert set(doc["population"]["engines"]) == {"static", "static:span=4"}
-    assert len(pop["runs"]) == 1 and len(pop["runs"][0]["seed_seconds"]) == 2
+    assert doc["population"]["seeds"] == 3 and pop["runs"][0]["seeds_per_s"] > 0
+    assert set(doc["population"]["engines"]) == {"static", "static:span=4", "static+seeds_per_step=2",
+                                                 "static:span=4+seeds_per_step=2"}
+    assert len(pop["runs"]) == 1 and len(pop["runs"][0]["seed_seconds"]) == 3
+    # two seeds decoding together, then the third alone: each seed's seconds are its chunk's share
+    two = doc["population"]["engines"]["static+seeds_per_step=2"]
+    assert (two["seeds_per_step"], two["scheme"], pop["seeds_per_step"]) == (2, "speedproof-v2", 1)
+    times = two["runs"][0]["seed_seconds"]
+    assert len(times) == 3 and times[0] == times[1] and two["statistic"] == "seeds_per_s_after_first"
+    assert two["median"] == pytest.approx(1 / times[2]) and two["runs"][0]["share_of_floor"] > 0
     assert pop["statistic"] == "seeds_per_s_after_first" and pop["median"] == pop["runs"][0]["seeds_per_s_after_first"] > 0
     # each engine against the roofline floor of the same workload (bench/roofline.py; tests/test_roofline.py)
     assert doc["ceilings"]["copy"]["gb_per_s"] > 0 and doc["ceilings"]["matmul"]["tflop_per_s"] > 0
@@ -236,6 +244,8 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
     assert run["share_of_floor"] == pytest.approx(run["seeds_per_s_after_first"] / pop["floor_seeds_per_s"])
     with pytest.raises(SystemExit):
         main(["--tiny", "--device", "cpu", "--out", str(out), "--engines", "static", "--population-engines", "hf"])
+    with pytest.raises(SystemExit):  # one seed at a time is all hf does
+        main(["--tiny", "--device", "cpu", "--out", str(out), "--engines", "hf", "--seeds-per-step", "2"])
     prof = doc["profile"]
     assert prof["clock"] == "host" and prof["new_tokens"] == 3 and prof["total_ms"] > 0
     assert prof["top"] and all(r["ms"] > 0 and r["calls"] >= 1 for r in prof["top"])
@@ -386,14 +396,14 @@ def test_trimmed_prefill_gives_the_tokens_of_the_full_prefill(model_and_tokenize
     """`trim_prefill`: the prefill's last layer runs its o_proj and MLP on each prompt's last position only.
     The cache gets the same keys and values and, on this model's CPU GEMMs, the kept rows the same logits, so
     the tokens equal those of the full prefill. The last layer did shrink (a spy on its MLP: the prefill's
-    alone, the decode step has its own)."""
+    alone: the decode step's one-token rows [rows, 1, hidden] are left out)."""
     from workflow_src.model.lean_qwen2 import LeanQwen2
     model, tok = model_and_tokenizer
     shapes: list[tuple[int, ...]] = []
     mlp = LeanQwen2._mlp
 
     def spy(self, li, x):
-        if li == len(self.layers) - 1:
+        if li == len(self.layers) - 1 and not (x.dim() == 3 and x.shape[1] == 1):
             shapes.append(tuple(x.shape))
         return mlp(self, li, x)
     monkeypatch.setattr(LeanQwen2, "_mlp", spy)

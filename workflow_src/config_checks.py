@@ -126,7 +126,7 @@ def bitwise_problems(config: dict[str, Any]) -> list[str]:
 
 def evidence_problems(config: dict[str, Any]) -> list[str]:
     """The engine bench's population runs engines it also compares; hf's generate cannot end each completion at
-    its own length, so it runs without a length model."""
+    its own length, so it runs without a length model; several seeds per step are the static engine's."""
     bench = config["evidence"]["engine_bench"]
     problems = []
     extra = sorted(set(bench["population_engines"] or []) - set(bench["engines"]))
@@ -136,6 +136,11 @@ def evidence_problems(config: dict[str, Any]) -> list[str]:
     if bench["lengths"] is not None and any(e.split(":")[0] == "hf" for e in bench["engines"]):
         problems.append(f"evidence.engine_bench.lengths: {bench['lengths']} needs the static or vllm engine (hf's "
                         "generate runs every completion to new_tokens): set it to null to compare with hf")
+    several = [e for e in bench["population_engines"] or bench["engines"] if e.split(":")[0] != "static"]
+    if max(bench["seeds_per_step"]) > 1 and several:
+        problems.append(f"evidence.engine_bench.seeds_per_step: {max(bench['seeds_per_step'])} seeds per step is the "
+                        f"static engine's population decode; {', '.join(several)} decode one seed at a time (set "
+                        "population_engines to static ones)")
     return problems
 
 

@@ -126,11 +126,15 @@ def static_options(label: str) -> dict:
     return options
 
 
-def bench_engine(label: str, model, tok, batch: int, meter: ThroughputMeter):
-    """An engine by name, or `static:key=value,...`: the static engine with those options (static_options)."""
-    if label.startswith("static:"):
+def bench_engine(label: str, model, tok, batch: int, meter: ThroughputMeter, seeds_per_step: int = 1):
+    """An engine by name, or `static:key=value,...`: the static engine with those options (static_options).
+    `seeds_per_step` > 1: the static engine's population decode, `batch` slots for each seed."""
+    if label.startswith("static:") or (seeds_per_step > 1 and label == "static"):
         from workflow_src.engine.static import StaticEngine
-        return StaticEngine(model, tok, batch, meter=meter, **static_options(label))
+        options = static_options(label) if ":" in label else {}
+        return StaticEngine(model, tok, batch * seeds_per_step, meter=meter, seeds_per_step=seeds_per_step, **options)
+    if seeds_per_step > 1:
+        raise ValueError(f"engine {label!r}: only the static engine decodes several seeds per step")
     return make_engine(label, model, tok, batch, meter=meter)
 
 
@@ -177,6 +181,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="time each engine's generation and the population this many times (median, range)")
     parser.add_argument("--population-engines", nargs="+", metavar="ENGINE",
                     help="the engines the population runs (default: all of --engines)")
+    parser.add_argument("--seeds-per-step", nargs="+", type=int, default=[1], metavar="S",
+                        help="time the population also with S seeds decoding together (the static engine's population "
+                             "decode, speedproof-v2 weights formed in each op; 1: one seed at a time, weights switched)")
     parser.add_argument("--sigma", type=float, default=1e-3)
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                     help="profile N new tokens of the eager static engine on the last shape (top ops by time)")
@@ -189,6 +196,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--population-engines {args.population_engines} must be among --engines {args.engines}")
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
+    if any(s < 1 for s in args.seeds_per_step):
+        parser.error("--seeds-per-step takes counts >= 1")
+    several = [e for e in args.population_engines or args.engines if not e.startswith("static")]
+    if max(args.seeds_per_step) > 1 and several:
+        parser.error(f"--seeds-per-step above 1 is the static engine's; {several} decode one seed at a time")
     try:
         length_model = parse(args.lengths, args.new_tokens, "--lengths") if args.lengths else None
     except LengthModelError as e:
@@ -283,8 +295,6 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
     synthetic task's grader; random text is never right, but the work is done). The roofline floor of each
     seed's generation (the switch and grading not counted) gives the floor's seeds/s and each repeat's share of
     it (after the first seed, which also captures the new engine's graphs)."""
-    import statistics
-
     from workflow_src.engine.perturber import Perturber
     from workflow_src.noise.speedproof import population_seeds
     from workflow_src.tasks.registry import get_task
@@ -299,39 +309,63 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
     out = {"seeds": args.seeds, "sigma": args.sigma, "prompts": len(prompts), "lengths": args.lengths,
            "clock": "switch + generation + grading, wall clock", "floor_seeds_per_s": floor_seeds_per_s,
            "floor_seconds_per_seed": floors, "engines": {}}
-    for name in args.population_engines or args.engines:
-        engine = bench_engine(name, model, tok, args.batch, ThroughputMeter(sync=sync))
-        runs = []
-        for _ in range(args.repeats):
-            sync()
-            marks, outputs = [time.perf_counter()], []
-            for seed in seeds:
-                perturber.apply(seed, args.sigma)
-                completions = engine.generate(prompts, args.new_tokens, lengths=draws[seed])
-                sum(grader.grade(c, "0") for c in completions)
-                sync()
-                marks.append(time.perf_counter())
-                outputs.append(completions)  # counted after the loop: re-encoding is not the sampling loop's work
+    for per_step in args.seeds_per_step:
+        for name in args.population_engines or args.engines:
+            engine = bench_engine(name, model, tok, args.batch, ThroughputMeter(sync=sync), seeds_per_step=per_step)
+            chunks = [seeds[at:at + per_step] for at in range(0, len(seeds), per_step)]
+            if per_step == 1:
+                def decode(chunk):
+                    perturber.apply(chunk[0], args.sigma)
+                    return [engine.generate(prompts, args.new_tokens, lengths=draws[chunk[0]])]
+                label, scheme = name, perturber.scheme
+            else:
+                from workflow_src.engine.seeded_weights import SeededWeights
+                weights = SeededWeights(model, scheme="speedproof-v2",
+                                        backend="triton" if args.device == "cuda" else "reference")
+
+                def decode(chunk):
+                    return engine.generate_population(prompts, [(s, args.sigma) for s in chunk], args.new_tokens,
+                                                      weights, lengths=[draws[s] for s in chunk] if length_model else None)
+                label, scheme = f"{name}+seeds_per_step={per_step}", weights.scheme
+            out["engines"][label] = {"seeds_per_step": per_step, "scheme": scheme,
+                                     **time_population(decode, chunks, grader, tok, floors, args.repeats, sync, label)}
             perturber.restore_base()
-            sync()
-            generated = sum(len(ids) for completions in outputs
-                            for ids in tok(completions, add_special_tokens=False)["input_ids"])
-            per_seed = [b - a_ for a_, b in zip(marks, marks[1:])]
-            run = {"seconds": marks[-1] - marks[0], "seeds_per_s": len(seeds) / (marks[-1] - marks[0]),
-                   "seed_seconds": per_seed, "generated_tokens_decoded": generated}
-            if len(per_seed) > 1:  # the first seed also captures the new engine's graphs
-                run["seeds_per_s_after_first"] = (len(per_seed) - 1) / sum(per_seed[1:])
-                run["share_of_floor"] = ((len(per_seed) - 1) / sum(per_seed[1:])) / (
-                    (len(floors) - 1) / sum(floors[1:]))
-            runs.append(run)
-            print(f"population {name:>7}: {run['seeds_per_s']:.3f} seeds/s"
-                  + (f" ({run['seeds_per_s_after_first']:.3f} after the first, {run['share_of_floor']:.0%} of the "
-                     f"floor's {(len(floors) - 1) / sum(floors[1:]):.3f})" if len(per_seed) > 1 else ""), flush=True)
-        key = "seeds_per_s_after_first" if all("seeds_per_s_after_first" in r for r in runs) else "seeds_per_s"
-        values = [r[key] for r in runs]
-        out["engines"][name] = {"runs": runs, "statistic": key, "median": statistics.median(values),
-                                "min": min(values), "max": max(values)}
     return out
+
+
+def time_population(decode, chunks, grader, tok, floors, repeats, sync, label) -> dict:
+    """`repeats` runs of `decode` (a chunk of seeds → each seed's completions) over every chunk, grading each
+    completion; a seed's seconds are its chunk's over the chunk's seeds. After the first chunk, which also
+    captures the new engine's graphs, seeds/s and its share of the floor's (over the same seeds)."""
+    import statistics
+    runs = []
+    for _ in range(repeats):
+        sync()
+        marks, outputs = [time.perf_counter()], []
+        for chunk in chunks:
+            per_seed = decode(chunk)
+            sum(grader.grade(c, "0") for completions in per_seed for c in completions)
+            sync()
+            marks.append(time.perf_counter())
+            outputs += per_seed  # counted after the loop: re-encoding is not the sampling loop's work
+        sync()
+        generated = sum(len(ids) for completions in outputs
+                        for ids in tok(completions, add_special_tokens=False)["input_ids"])
+        seed_seconds = [(b - a_) / len(chunk) for a_, b, chunk in zip(marks, marks[1:], chunks) for _ in chunk]
+        run = {"seconds": marks[-1] - marks[0], "seeds_per_s": len(seed_seconds) / (marks[-1] - marks[0]),
+               "seed_seconds": seed_seconds, "generated_tokens_decoded": generated}
+        first = len(chunks[0])
+        if len(chunks) > 1:
+            after = (len(seed_seconds) - first) / sum(seed_seconds[first:])
+            run["seeds_per_s_after_first"] = after
+            run["share_of_floor"] = after / ((len(floors) - first) / sum(floors[first:]))
+        runs.append(run)
+        print(f"population {label:>7}: {run['seeds_per_s']:.3f} seeds/s"
+              + (f" ({run['seeds_per_s_after_first']:.3f} after the first chunk, {run['share_of_floor']:.0%} of the "
+                 f"floor's)" if len(chunks) > 1 else ""), flush=True)
+    key = "seeds_per_s_after_first" if all("seeds_per_s_after_first" in r for r in runs) else "seeds_per_s"
+    values = [r[key] for r in runs]
+    return {"runs": runs, "statistic": key, "median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 if __name__ == "__main__":

@@ -85,11 +85,15 @@ def engine_claims(prefix: str, bench: Mapping[str, Any]) -> list[dict[str, Any]]
     if pop:
         shape = args["shapes"][-1]  # the population runs on the last shape
         for name, e in sorted(pop["engines"].items()):
-            key = e["statistic"]
+            key, per_step = e["statistic"], e.get("seeds_per_step", 1)
+            how = ("switch, generation, grading" if per_step == 1 else
+                   f"{per_step} seeds decoding together, their {e['scheme']} weights formed from the base in each op; "
+                   "generation, grading")
+            first = "seed" if per_step == 1 else f"{per_step} seeds"
             out.append(claim(f"{prefix}.{shape}.{name}.population_seeds_per_s",
                              f"RandOpt population of {pop['seeds']} seeds at {shape} on the {name} engine, "
-                             f"{workload}: seeds/s by the speedrun's clock (switch, generation, grading)"
-                             + (", after the first seed" if key == "seeds_per_s_after_first" else ""),
+                             f"{workload}: seeds/s by the speedrun's clock ({how})"
+                             + (f", after the first {first}" if key == "seeds_per_s_after_first" else ""),
                              "seeds/s", [r[key] for r in e["runs"]]))
             shares = [r["share_of_floor"] for r in e["runs"] if "share_of_floor" in r]
             if shares:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 from collections import deque
 from collections.abc import Sequence
 
@@ -52,14 +53,17 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from workflow_src.engine.base import DEFAULT_PHASE, ThroughputMeter
+from workflow_src.engine.seeded_weights import SeededLean, SeededWeights
 from workflow_src.kernels.decode_attention import DEFAULT_LAUNCH, Launch, decode_attention
 from workflow_src.kernels.rope_cache import rope_cache as rope_cache_fused
 from workflow_src.kernels.rope_cache import rope_cache_reference
+from workflow_src.kernels.seeded_linear import SeedRows
 from workflow_src.kernels.swiglu import silu_mul
 from workflow_src.model.graph_capture import safe_capture
 from workflow_src.model.greedy import stop_token_ids
 from workflow_src.model.lean_qwen2 import LeanQwen2, Segment
 from workflow_src.model.packed_projections import pack_projections
+from workflow_src.noise import speedproof as noise
 
 ATTENTION = ("sdpa", "triton")
 
@@ -101,7 +105,7 @@ class SlotDecoder:
         (LeanQwen2.hidden's `keep`; GEMMs of fewer rows may round that position differently)."""
         if attention not in ATTENTION:
             raise ValueError(f"static engine: attention {attention!r}; known: {list(ATTENTION)}")
-        self.lean = LeanQwen2(model, slots, capacity, fused=fused)
+        self.lean = self._make_lean(model, slots, capacity, fused)
         for k, v in zip(self.lean.k, self.lean.v):  # masked keys still meet the values: no NaN garbage there
             k.zero_()
             v.zero_()
@@ -119,6 +123,9 @@ class SlotDecoder:
         self.graphs = graphs and device.type == "cuda"
         # (what, rows, span) -> (graph, its output): what is "logits" (decode) or "tokens" (advance)
         self._graphs: dict[tuple[str, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    def _make_lean(self, model: PreTrainedModel, slots: int, capacity: int, fused: bool) -> LeanQwen2:
+        return LeanQwen2(model, slots, capacity, fused=fused)
 
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
@@ -138,9 +145,9 @@ class SlotDecoder:
                 segments.append(Segment(i, slot, 1, 0))
         last = torch.tensor([len(p) - 1 for p in prompts], device=ids.device)
         if self.trim_prefill:
-            return F.linear(self.lean.hidden(ids, segments, keep=last), self.model.lm_head.weight)
+            return self.lean.logits(self.lean.hidden(ids, segments, keep=last))
         h = self.lean.hidden(ids, segments)
-        return F.linear(h[torch.arange(len(prompts), device=ids.device), last], self.model.lm_head.weight)
+        return self.lean.logits(h[torch.arange(len(prompts), device=ids.device), last])
 
     def span(self, furthest: int) -> int:
         """Cache positions a step reads when the furthest live slot is at position `furthest`."""
@@ -159,7 +166,7 @@ class SlotDecoder:
         pos = self.positions[:rows]
         k_cache, v_cache = [k[:rows] for k in lean.k], [v[:rows] for v in lean.v]
         rope_cache = rope_cache_fused if self.fused else rope_cache_reference
-        h = F.embedding(self.tokens[:rows, None], model.model.embed_tokens.weight)
+        h = lean.embed_tokens(self.tokens[:rows, None])
         if self.attention == "sdpa":
             visible = (self.key_index[None, :span] <= pos[:, None])[:, None, None, :]  # [rows, 1, 1, span]
         norms = [layer.input_layernorm for layer in lean.layers[1:]] + [model.model.norm]
@@ -167,7 +174,7 @@ class SlotDecoder:
         for li, layer in enumerate(lean.layers):
             attn = layer.self_attn
             if self.packed is None:
-                qkv = (F.linear(x, m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
+                qkv = (lean._linear(x, m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
             else:
                 pl = self.packed[li]
                 qkv = F.linear(x, pl.qkv_weight, pl.qkv_bias).split(pl.qkv_sizes, dim=-1)
@@ -183,19 +190,18 @@ class SlotDecoder:
                 o = F.scaled_dot_product_attention(q, k_cache[li][:, :, :span], v_cache[li][:, :, :span],
                                                    attn_mask=visible, scale=attn.scaling)
             o = o.reshape(rows, 1, -1)
-            norm = layer.post_attention_layernorm
-            x, h = lean.add_norm(h, F.linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight,
-                                 norm.variance_epsilon)
+            x, h = lean._add_norm(h, lean._linear(o, attn.o_proj.weight, attn.o_proj.bias),
+                                  layer.post_attention_layernorm)
             mlp = layer.mlp
             if self.packed is None:
-                out = lean.mlp(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+                out = lean._mlp(li, x)
             else:
                 gate, up = F.linear(x, self.packed[li].gate_up_weight).split(self.packed[li].gate_up_sizes, dim=-1)
                 act = silu_mul(gate, up) if self.fused else F.silu(gate) * up
                 out = F.linear(act, mlp.down_proj.weight)
             # the residual add and the next layer's norm (the final norm after the last) as one op
-            x, h = lean.add_norm(h, out, norms[li].weight, norms[li].variance_epsilon)
-        return F.linear(x[:, 0], model.lm_head.weight)
+            x, h = lean._add_norm(h, out, norms[li])
+        return lean.logits(x[:, 0])
 
     def _advance(self, span: int, rows: int) -> torch.Tensor:
         """A step over the first `rows` slots and what its tokens decide, on the device: each slot's next token
@@ -274,6 +280,41 @@ class SlotDecoder:
         return graph, out
 
 
+class PopulationDecoder(SlotDecoder):
+    """A SlotDecoder over the rows of several RandOpt seeds, so one step reads the base weights for all of them
+    (docs/randopt.md, "Population decode"): slots b·per_seed … (b + 1)·per_seed − 1 decode with seed b's weights,
+    formed from the model's base weights inside each op (engine/seeded_weights.py). Each block's prompts prefill on their own,
+    as the single-seed engine's, and a step runs every block's rows together; no CUDA graphs and no packed
+    projections (the ops read per-step seed tables and each parameter by its own address)."""
+
+    def __init__(self, model: PreTrainedModel, per_seed: int, seeds: Sequence[tuple[int, float]], capacity: int,
+                 weights: SeededWeights, **options):
+        self.weights = weights
+        super().__init__(model, per_seed * len(seeds), capacity, graphs=False, packed=False, **options)
+        self.per_seed, self.seeds = per_seed, list(seeds)
+
+    def _make_lean(self, model: PreTrainedModel, slots: int, capacity: int, fused: bool) -> LeanQwen2:
+        return SeededLean(model, slots, capacity, self.weights)
+
+    def _block(self, b: int, row0: int, rows: int) -> SeedRows:
+        seed, sigma = self.seeds[b]
+        return SeedRows(row0, rows, seed, sigma)
+
+    @torch.no_grad()
+    def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
+        out, at = [], 0
+        for b, run in itertools.groupby(slots, key=lambda slot: slot // self.per_seed):
+            n = len(list(run))
+            self.lean.groups = [self._block(b, 0, n)]
+            out.append(super().prefill(prompts[at:at + n], slots[at:at + n]))
+            at += n
+        return torch.cat(out)
+
+    def _step_ops(self, span: int, rows: int) -> torch.Tensor:
+        self.lean.groups = [self._block(b, b * self.per_seed, self.per_seed) for b in range(rows // self.per_seed)]
+        return super()._step_ops(span, rows)
+
+
 def row_counts(slots: int) -> list[int]:
     """The row counts a compacted step runs over, largest first: `slots`, every multiple of 8 below it, and
     4, 2, 1 (one CUDA graph each once reached)."""
@@ -289,7 +330,7 @@ class StaticEngine:
                  meter: ThroughputMeter | None = None, progress=None, graphs: bool = True, span_bucket: int = 128,
                  fused: bool | None = None, packed: bool | None = None, attention: str | None = None,
                  launch: Launch = DEFAULT_LAUNCH, overlap: bool = True, compact: bool | None = None,
-                 trim_prefill: bool | None = None):
+                 trim_prefill: bool | None = None, seeds_per_step: int = 1):
         """`overlap`: launch each decode step before reading the previous one's tokens (`_run`; the same tokens).
         `compact`: once no prompt waits, the step runs over the live slots only (the module's "Ragged ends";
         None: on a GPU, not on the CPU, where the embedded default's tokens stay those of a full batch).
@@ -297,9 +338,15 @@ class StaticEngine:
         `fused`, `packed`, `attention`, `launch`: SlotDecoder's options; None (the default) chooses, where the model is
         on a GPU, fused, packed and `triton` (docs/experiments.md has what they were measured against),
         and on the CPU none of them and `sdpa` (the kernels would run in Triton's interpreter). Packing
-        happens here, before anyone (a Perturber) holds the weights' storage."""
+        happens here, before anyone (a Perturber) holds the weights' storage.
+        `seeds_per_step`: how many RandOpt seeds `generate_population` decodes together; each gets
+        batch_size / seeds_per_step of the slots."""
         if batch_size < 1:
             raise ValueError(f"static engine: batch_size must be >= 1, got {batch_size}")
+        if seeds_per_step < 1 or batch_size % seeds_per_step:
+            raise ValueError(f"static engine: seeds_per_step {seeds_per_step} does not divide the {batch_size} slots "
+                             "into equal blocks of at least one slot per seed")
+        self.seeds_per_step = seeds_per_step
         if span_bucket < 1:
             raise ValueError(f"static engine: span_bucket must be >= 1, got {span_bucket}")
         self.model, self.tokenizer, self.batch_size, self.span_bucket = model, tokenizer, batch_size, span_bucket
@@ -371,6 +418,54 @@ class StaticEngine:
             finally:
                 self.model.train(was_training)
 
+    def generate_population(self, prompts: Sequence[str], population: Sequence[tuple[int, float]],
+                            max_new_tokens: int, weights: SeededWeights,
+                            lengths: Sequence[Sequence[int]] | None = None) -> list[list[str]]:
+        """Every prompt under every (seed, σ) of `population`, `seeds_per_step` seeds decoding together
+        (PopulationDecoder) from the model's base weights; returns each seed's completions in prompt order. A
+        seed's tokens are those of `generate` on the model with that seed's weights reconstructed (Perturber,
+        same parameters and scheme) wherever each op rounds a seed's rows as it rounds them alone (the
+        reference backend on the CPU: tests/test_population_decode.py). `lengths`: per seed, `generate`'s."""
+        if max_new_tokens < 1:
+            raise ValueError(f"static engine: max_new_tokens must be >= 1, got {max_new_tokens}")
+        if lengths is not None and (len(lengths) != len(population) or any(
+                not isinstance(ends, Sequence) or len(ends) != len(prompts)
+                or any(not 1 <= n <= max_new_tokens for n in ends) for ends in lengths)):
+            raise ValueError(f"static engine: lengths must give each of the {len(population)} seeds' {len(prompts)} "
+                             f"prompts 1 … max_new_tokens ({max_new_tokens}) tokens")
+        if not population or not prompts:
+            return [[] for _ in population]
+        for seed, _ in population:
+            noise.check_seed(seed)
+        encoded = self._encode(prompts)
+        if any(len(p) == 0 for p in encoded):
+            raise ValueError("static engine: a prompt encodes to no tokens")
+        capacity = max(len(p) for p in encoded) + max_new_tokens
+        if capacity > self.model.config.max_position_embeddings:
+            raise ValueError(f"static engine: prompt + max_new_tokens needs {capacity} positions; the model has "
+                             f"{self.model.config.max_position_embeddings}")
+        limits = [[max_new_tokens] * len(encoded)] * len(population) if lengths is None else [list(e) for e in lengths]
+        per_seed, out = self.batch_size // self.seeds_per_step, []
+        self._decoder = None  # one KV cache at a time
+        with contextlib.ExitStack() as stack:
+            if not self.meter.active:
+                stack.enter_context(self.meter.phase(DEFAULT_PHASE))
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                for at in range(0, len(population), self.seeds_per_step):
+                    chunk = list(population[at:at + self.seeds_per_step])
+                    decoder = PopulationDecoder(self.model, per_seed, chunk, capacity, weights,
+                                                span_bucket=self.span_bucket, fused=self.fused, attention=self.attention,
+                                                launch=self.launch, stop_tokens=self.stops,
+                                                trim_prefill=self.trim_prefill)
+                    ends = [n for seed_limits in limits[at:at + len(chunk)] for n in seed_limits]
+                    texts = self._run(decoder, encoded * len(chunk), ends, blocks=len(chunk))
+                    out += [texts[b * len(encoded):(b + 1) * len(encoded)] for b in range(len(chunk))]
+            finally:
+                self.model.train(was_training)
+        return out
+
     def _encode(self, prompts: Sequence[str]) -> list[list[int]]:
         """The prompts' token ids. A RandOpt population generates the same prompts once per seed, and the
         device would wait while the host encodes them again (~15 ms for 128 prompts of 200 tokens): the last
@@ -380,7 +475,7 @@ class StaticEngine:
             self._encoded = (key, self.tokenizer(list(prompts))["input_ids"])
         return self._encoded[1]
 
-    def _run(self, decoder: SlotDecoder, encoded: list[list[int]], limits: list[int]) -> list[str]:
+    def _run(self, decoder: SlotDecoder, encoded: list[list[int]], limits: list[int], blocks: int = 1) -> list[str]:
         """Generate every prompt; each completion's text (in prompt order) is decoded as its sequence ends
         (`_record`). The decoder's tokens and positions, which slots still decode (`live`) and how
         many tokens each may still make (`left`) live on the device and are advanced there by each step
@@ -395,9 +490,14 @@ class StaticEngine:
         free slots below it, and the steps run over that many rows. With overlap a refill, and so a queue
         that runs dry, comes a step later; rows then meet other row counts at other tokens than without, so
         on a GPU, where a GEMM's rounding can follow its row count, the two orders' tokens may differ in
-        near-ties (each order repeats its own)."""
+        near-ties (each order repeats its own).
+
+        `blocks`: the slots fall into that many equal blocks, block b decoding prompts b·n … (b + 1)·n − 1 of
+        `encoded` (n = len(encoded) / blocks) and no other: a population decode's seeds (PopulationDecoder). No
+        compaction then: a block's slots stay its own."""
         device = decoder.tokens.device
-        queue = deque(range(len(encoded)))
+        per_block, per_seed = decoder.slots // blocks, len(encoded) // blocks
+        queues = [deque(range(b * per_seed, (b + 1) * per_seed)) for b in range(blocks)]
         generated: list[list[int]] = [[] for _ in encoded]
         texts: dict[int, str] = {}
         owner: list[int | None] = [None] * decoder.slots  # the prompt each slot decodes, as the host knows it
@@ -415,7 +515,7 @@ class StaticEngine:
 
         def admit() -> None:
             free = [slot for slot, o in enumerate(owner) if o is None]
-            taken = [(slot, queue.popleft()) for slot in free if queue]
+            taken = [(slot, queues[slot // per_block].popleft()) for slot in free if queues[slot // per_block]]
             if not taken:
                 return
             slots, idx = [s for s, _ in taken], [i for _, i in taken]
@@ -481,10 +581,10 @@ class StaticEngine:
                 launch()
             if unread and (len(unread) > lag or not decoding):
                 read()
-                if self.compact and not queue and rows > 1 and fitting(sum(o is not None for o in owner[:rows])) < rows:
+                if self.compact and blocks == 1 and not queues[0] and rows > 1 and fitting(sum(o is not None for o in owner[:rows])) < rows:
                     rows = compact_rows()
             elif not decoding:
-                if not queue:
+                if not any(queues):
                     return [texts[i] for i in range(len(encoded))]
                 admit()  # every admitted sequence ended at its prefill: admit more while the queue lasts
 

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from workflow_src.model.graph_capture import safe_capture
 
@@ -64,7 +63,7 @@ class DecodeGraphs:
 
         def last():
             h = lean._mlp_block(n - 1, self.out[n - 1][0], self.o[n - 1])
-            return (F.linear(lean.rms(lean.model.model.norm, h)[:, -1:, :], lean.model.lm_head.weight),)
+            return (lean.logits(lean.rms(lean.model.model.norm, h)[:, -1:, :]),)
 
         return first if i == 0 else last if i == n else middle
 

@@ -96,7 +96,7 @@ class LeanQwen2:
         last = h[:, -1:, :]
         if expand_last > 1:
             last = last.repeat_interleave(expand_last, dim=0)
-        return F.linear(last, self.model.lm_head.weight)
+        return self.logits(last)
 
     def release_graphs(self) -> None:
         """Destroy the decode graphs now, at a point of our choosing (see `graph_capture.py`)."""
@@ -124,7 +124,7 @@ class LeanQwen2:
                 o, h = o[rows, keep], h[rows, keep]
             x, h = self._attention_out(li, h, o)
             norm = self.layers[li + 1].input_layernorm if li < last else self.model.model.norm
-            x, h = self.add_norm(h, self._mlp(li, x), norm.weight, norm.variance_epsilon)
+            x, h = self._add_norm(h, self._mlp(li, x), norm)
         return x
 
     # The pieces of a forward, in order: embed, then per layer qkv → attend → mlp_block, then the final
@@ -139,8 +139,16 @@ class LeanQwen2:
         return start[:, None] + torch.arange(ids.shape[1], device=ids.device)[None, :]
 
     def _embed(self, ids: torch.Tensor, pos: torch.Tensor):
+        return self.embed_tokens(ids), self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+
+    # The ops that read parameters, one method each, so a subclass can read other values for them
+    # (engine/seeded_weights.py: each batch row's RandOpt seed's weights).
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         emb = self.model.model.embed_tokens
-        return F.embedding(ids, emb.weight, emb.padding_idx), self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+        return F.embedding(ids, emb.weight, emb.padding_idx)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.model.lm_head.weight)
 
     def _qkv(self, li: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         return self._project(li, self.rms(self.layers[li].input_layernorm, h), cos, sin)
@@ -179,8 +187,7 @@ class LeanQwen2:
     def _attention_out(self, li: int, h: torch.Tensor, o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """o_proj of the attention's output added to the residual, then the post-attention norm: (normed, residual)."""
         attn, norm = self.layers[li].self_attn, self.layers[li].post_attention_layernorm
-        return self.add_norm(h, self._linear(o, attn.o_proj.weight, attn.o_proj.bias), norm.weight,
-                             norm.variance_epsilon)
+        return self._add_norm(h, self._linear(o, attn.o_proj.weight, attn.o_proj.bias), norm)
 
     def _mlp(self, li: int, x: torch.Tensor) -> torch.Tensor:
         mlp = self.layers[li].mlp
@@ -191,6 +198,10 @@ class LeanQwen2:
 
     def rms(self, norm: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
         return self.norm(h, norm.weight, norm.variance_epsilon)
+
+    def _add_norm(self, h: torch.Tensor, update: torch.Tensor, norm: torch.nn.Module):
+        """The residual add, then `norm`: (normed, new residual)."""
+        return self.add_norm(h, update, norm.weight, norm.variance_epsilon)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.gemm_rows is None:

@@ -23,6 +23,15 @@ def signs_function(scheme: str):
             "flashopt": flashopt.signs}[check_scheme(scheme)]
 
 
+def signs_at_function(scheme: str):
+    """R of the scheme at an index tensor: signs_at(seed, index) → int8 ±1 (ours; the speedrun's scheme has its
+    own index order over vLLM's fused names, which a population decode over this model's modules does not have)."""
+    if check_scheme(scheme) == "flashopt":
+        raise ValueError("the flashopt noise scheme's index order runs over vLLM's fused parameters; the population "
+                         "decode forms speedproof and speedproof-v2 weights")
+    return {"speedproof": speedproof.signs_at, "speedproof-v2": speedproof_v2.signs_at}[scheme]
+
+
 def layout(scheme: str, params: Mapping[str, torch.Tensor]) -> list[tuple[str, int, int]]:
     """(name, offset, numel) of the perturbed parameters under the scheme's index order."""
     if check_scheme(scheme) == "flashopt":

@@ -136,6 +136,11 @@ def signs(seed: int, start_index: int, n: int, device: str | torch.device = "cpu
     return (1 - 2 * (h >> 31)).to(torch.int8)
 
 
+def signs_at(seed: int, index: torch.Tensor) -> torch.Tensor:
+    """R(seed, i) for an int64 tensor of indices in any order (an embedding's gathered rows), as int8 ±1."""
+    return (1 - 2 * (hash32_tensor(seed, index) >> 31)).to(torch.int8)
+
+
 # -- rounding fp32 to bf16 / fp16 by hand (round to nearest, ties to even) -------------------------
 
 def _fp32_bits(x: torch.Tensor) -> torch.Tensor:

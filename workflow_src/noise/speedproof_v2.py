@@ -37,3 +37,9 @@ def signs(seed: int, start_index: int, n: int, device: str | torch.device = "cpu
     h = hash32_tensor(seed, torch.arange(first, last + 1, dtype=torch.int64, device=device))
     bits = (h[idx // WORD_BITS - first] >> (idx % WORD_BITS)) & 1
     return (1 - 2 * bits).to(torch.int8)
+
+
+def signs_at(seed: int, index: torch.Tensor) -> torch.Tensor:
+    """R(seed, i) for an int64 tensor of indices in any order (an embedding's gathered rows), as int8 ±1."""
+    h = hash32_tensor(seed, index >> 5)
+    return (1 - 2 * ((h >> (index & (WORD_BITS - 1))) & 1)).to(torch.int8)

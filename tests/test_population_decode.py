@@ -1,0 +1,94 @@
+"""The population decode (StaticEngine.generate_population, engine/seeded_weights.py): several RandOpt seeds'
+rows in one step, each op forming its seed's weights from the base. On the CPU with the reference backend a
+seed's tokens equal the single-seed engine's on that seed's reconstructed weights (Perturber) exactly; the
+Triton backend (interpreted) forms the same weights and sums in its own order."""
+import copy
+
+import pytest
+import torch
+from test_rl_subject import TASK
+
+from workflow_src.engine.perturber import Perturber
+from workflow_src.engine.seeded_weights import SeededWeights
+from workflow_src.engine.static import StaticEngine
+from workflow_src.tasks import synthetic_arithmetic as task
+
+POPULATION = [(11, 0.03), (2**32 - 1, 0.03), (12345, -0.02)]
+NEW_TOKENS = 10
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(rl_subject_checkpoint):
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+    return Qwen2ForCausalLM.from_pretrained(rl_subject_checkpoint), AutoTokenizer.from_pretrained(rl_subject_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return [p.prompt for p in task.make_splits(TASK)["test"]][:7]  # more prompts than a seed's slots: refills
+
+
+def single_seed(model, tok, prompts, exclude=()):
+    """Each seed's completions from the single-seed engine on its reconstructed weights, and the base's."""
+    model = copy.deepcopy(model)
+    engine = StaticEngine(model, tok, 3)
+    perturber = Perturber(model, exclude=exclude, backend="reference", scheme="speedproof-v2")
+    out = []
+    for seed, sigma in POPULATION:
+        perturber.apply(seed, sigma)
+        out.append(engine.generate(prompts, NEW_TOKENS))
+    perturber.restore_base()
+    return out, engine.generate(prompts, NEW_TOKENS)
+
+
+@pytest.mark.parametrize("seeds_per_step,exclude", [(2, ()), (3, ("*norm*", "model.embed_tokens.*"))])
+def test_each_seed_decodes_as_the_single_seed_engine_on_its_weights(model_and_tokenizer, prompts, seeds_per_step,
+                                                                    exclude):
+    model, tok = model_and_tokenizer
+    want, base = single_seed(model, tok, prompts, exclude)
+    assert all(w != base for w in want)  # the seeds' weights change the tokens: the comparison can fail
+    before = {n: p.clone() for n, p in model.state_dict().items()}
+    engine = StaticEngine(model, tok, 3 * seeds_per_step, seeds_per_step=seeds_per_step)
+    weights = SeededWeights(model, exclude=exclude, scheme="speedproof-v2", backend="reference")
+    got = engine.generate_population(prompts, POPULATION, NEW_TOKENS, weights)
+    assert got == want
+    assert all(torch.equal(before[n], p) for n, p in model.state_dict().items())  # the base stays the base
+    (phase,) = engine.meter.to_dict().values()
+    assert phase["prompts"] == len(prompts) * len(POPULATION)
+
+
+def test_the_triton_backend_forms_the_same_weights_and_repeats_itself(model_and_tokenizer, prompts):
+    """Interpreted: the same tokens as the reference backend wherever no near-tie meets the kernel's own order of
+    sums (all of them on this model), and the same on every run."""
+    model, tok = model_and_tokenizer
+    engine = StaticEngine(model, tok, 4, seeds_per_step=2)
+    ends = [[5, 2, 4], [1, 5, 5]]  # each seed's own lengths (a length model's draws)
+    ref = engine.generate_population(prompts[:3], POPULATION[:2], 5, SeededWeights(model, backend="reference"),
+                                     lengths=ends)
+    full = engine.generate_population(prompts[:3], POPULATION[:2], 5, SeededWeights(model, backend="reference"))
+    assert ref != full and all(f.startswith(r) for fs, rs in zip(full, ref) for f, r in zip(fs, rs))
+    weights = SeededWeights(model, backend="triton")
+    tri = engine.generate_population(prompts[:3], POPULATION[:2], 5, weights, lengths=ends)
+    assert tri == ref
+    assert engine.generate_population(prompts[:3], POPULATION[:2], 5, weights, lengths=ends) == tri
+
+
+def test_bad_input_is_refused_before_any_generation(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    with pytest.raises(ValueError, match="seeds_per_step 4 does not divide the 6 slots"):
+        StaticEngine(model, tok, 6, seeds_per_step=4)
+    with pytest.raises(ValueError, match="seeds_per_step 7 does not divide"):
+        StaticEngine(model, tok, 6, seeds_per_step=7)
+    with pytest.raises(ValueError, match="flashopt"):
+        SeededWeights(model, scheme="flashopt")
+    with pytest.raises(ValueError, match="triton backend forms speedproof-v2"):
+        SeededWeights(model, scheme="speedproof", backend="triton")
+    with pytest.raises(TypeError, match="fp32, bf16 and fp16"):
+        SeededWeights(copy.deepcopy(model).double())
+    engine = StaticEngine(model, tok, 2, seeds_per_step=2)
+    with pytest.raises(ValueError, match="seed"):
+        engine.generate_population(["1+1="], [(-1, 0.1)], 4, SeededWeights(model))
+    with pytest.raises(ValueError, match="lengths"):
+        engine.generate_population(["1+1="], [(1, 0.1)], 4, SeededWeights(model), lengths=[[5]])
+    with pytest.raises(ValueError, match="lengths"):
+        engine.generate_population(["1+1="], [(1, 0.1)], 4, SeededWeights(model), lengths=[4])

@@ -1,0 +1,95 @@
+"""The seeded linear layer (kernels/seeded_linear.py): each seed's weights formed inside the op are the reconstruct
+kernel's bits (read back exactly through the identity), its rows are the seed's own linear layer, and bad input
+is refused. The Triton kernel runs under the interpreter here; the GPU test compiles it."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from workflow_src.kernels.perturb import reconstruct_triton
+from workflow_src.kernels.seeded_linear import SeedRows, perturbed, seeded_linear
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+SEEDS = (7, 2**32 - 1, 123456789)
+
+
+def base(shape, dtype, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * 0.05).to(dtype).to(device)
+
+
+def identity_groups(k, seeds, sigmas):
+    return [SeedRows(i * k, k, s, sg) for i, (s, sg) in enumerate(zip(seeds, sigmas))]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("offset,k", [(4096, 64), (4096 + 5, 64), (96, 40)])  # aligned; offset, K inside a word
+def test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, offset, k, device="cpu"):
+    """x = the identity per seed gives y = W_sᵀ exactly (one product of 1·w per sum); it must equal what the
+    reconstruct kernel writes for that seed, bit for bit, whether a tile row is whole hash words or not."""
+    w0 = base((48, k), dtype, device)
+    sigmas = (1e-3, 0.02, -3e-3)
+    eye = torch.eye(k, dtype=dtype, device=device).repeat(len(SEEDS), 1)
+    groups = identity_groups(k, SEEDS, sigmas)
+    for backend in ("triton", "reference"):
+        y = seeded_linear(eye, w0, None, groups, offset, backend=backend)
+        for i, (seed, sigma) in enumerate(zip(SEEDS, sigmas)):
+            want = torch.empty_like(w0)
+            reconstruct_triton(w0, want, seed, sigma, offset, scheme="speedproof-v2")
+            got = y[i * k:(i + 1) * k].T
+            assert torch.equal(got.contiguous().view(torch.uint8), want.view(torch.uint8)), (backend, seed)
+        other = perturbed(w0, SEEDS[1], sigmas[0], offset, "speedproof-v2")  # negative control: another seed's
+        assert not torch.equal(y[:k].T.contiguous(), other)
+    # the bias follows the same rule: x = 0 leaves b_s in every row
+    b0 = base((48,), dtype, device, seed=1)
+    zero = torch.zeros(3 * len(SEEDS), k, dtype=dtype, device=device)
+    groups = [SeedRows(3 * i, 3, s, sg) for i, (s, sg) in enumerate(zip(SEEDS, sigmas))]
+    y = seeded_linear(zero, w0, b0, groups, offset, bias_offset=offset + 77, backend="triton")
+    for i, (seed, sigma) in enumerate(zip(SEEDS, sigmas)):
+        want = perturbed(b0, seed, sigma, offset + 77, "speedproof-v2")
+        assert torch.equal(y[3 * i:3 * i + 3], want.expand(3, -1))
+
+
+def test_each_seeds_rows_are_its_own_linear_layer():
+    """Reference backend: bit for bit F.linear over the seed's rows on reconstructed weights; triton: the same
+    products in its own order of sums (close, and the same on every run). Unperturbed weights pass through."""
+    w0, b0 = base((40, 96), torch.float32), base((40,), torch.float32, seed=1)
+    x = base((11, 96), torch.float32, seed=2)
+    x[6:] = x[:5]  # seed 3's two groups see the same inputs at σ and −σ
+    groups = [SeedRows(0, 5, 3, 0.01), SeedRows(5, 1, 4, 0.02), SeedRows(6, 5, 3, -0.01)]
+    ref = seeded_linear(x, w0, b0, groups, 64, 9000, backend="reference")
+    tri = seeded_linear(x, w0, b0, groups, 64, 9000, backend="triton")
+    for g in groups:
+        rows = slice(g.row0, g.row0 + g.rows)
+        w, b = perturbed(w0, g.seed, g.sigma, 64, "speedproof-v2"), perturbed(b0, g.seed, g.sigma, 9000, "speedproof-v2")
+        assert torch.equal(ref[rows], F.linear(x[rows], w, b))
+    torch.testing.assert_close(tri, ref, rtol=1e-5, atol=1e-6)
+    assert torch.equal(seeded_linear(x, w0, b0, groups, 64, 9000, backend="triton"), tri)
+    assert not torch.equal(ref[:5], ref[6:]) and not torch.equal(tri[:5], tri[6:])  # negative control: σ's sign
+    plain = seeded_linear(x, w0, b0, groups, None, None, backend="triton")
+    torch.testing.assert_close(plain, F.linear(x, w0, b0), rtol=1e-5, atol=1e-6)
+
+
+def test_bad_input_is_refused():
+    w0, x = base((8, 32), torch.bfloat16), base((4, 32), torch.bfloat16)
+    ok = [SeedRows(0, 4, 1, 0.01)]
+    with pytest.raises(ValueError, match="cover"):
+        seeded_linear(x, w0, None, [SeedRows(0, 3, 1, 0.01)], 0)
+    with pytest.raises(ValueError, match="in order"):
+        seeded_linear(x, w0, None, [SeedRows(1, 3, 1, 0.01), SeedRows(0, 1, 2, 0.01)], 0)
+    with pytest.raises(ValueError, match="seed"):
+        seeded_linear(x, w0, None, [SeedRows(0, 4, -1, 0.01)], 0)
+    with pytest.raises(ValueError, match="triton backend forms the speedproof-v2"):
+        seeded_linear(x, w0, None, ok, 0, scheme="speedproof", backend="triton")
+    with pytest.raises(ValueError, match="randopt.noise.scheme"):
+        seeded_linear(x, w0, None, ok, 0, scheme="other")
+    with pytest.raises(TypeError, match="dtype"):
+        seeded_linear(x.double(), w0.double(), None, ok, 0)
+    with pytest.raises(ValueError, match="backend"):
+        seeded_linear(x, w0, None, ok, 0, backend="cuda")
+
+
+@pytest.mark.gpu
+@gpu
+def test_the_compiled_kernel_forms_the_same_weights():
+    test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(torch.bfloat16, 4096, 128, device="cuda")
+    test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(torch.bfloat16, 4096 + 5, 64, device="cuda")

@@ -1,0 +1,126 @@
+"""The weights of several RandOpt seeds at once, formed from the model's base weights where each op reads them.
+
+A population decode (`StaticEngine.generate_population`) keeps the model's weights at the base and runs the rows
+of several seeds through one step; every op that reads a perturbed parameter forms that seed's values from the
+base as the reconstruct kernel would have written them (noise.speedproof's rule: fp32 add of σ·R, one
+rounding to the stored dtype), so a seed's rows see exactly the weights `Perturber.apply(seed, σ)` gives:
+
+- linear layers (q/k/v/o, gate/up/down, lm_head) and their biases: `kernels/seeded_linear.py` (backend
+  `reference`: each seed's weights reconstructed, then `F.linear` over its rows; `triton`: formed in registers);
+- the embedding: the gathered rows of the base table, each perturbed at its own indices;
+- norm scales: each seed's vector, repeated over its rows (the norm multiplies elementwise, row by row).
+
+Which parameters, and their global indices, are the Perturber's (`select_parameters`, `noise.schemes.layout`):
+a parameter left out is read as it is. Parameters are found by their storage address, so whatever reads a
+parameter tensor (the lean forward, the slot decoder) needs no names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from workflow_src.engine.perturber import SUPPORTED, select_parameters
+from workflow_src.kernels.seeded_linear import BACKENDS, TRITON_SCHEMES, SeedRows, perturbed, seeded_linear
+from workflow_src.model.lean_qwen2 import LeanQwen2
+from workflow_src.noise import schemes
+from workflow_src.noise import speedproof as noise
+
+
+class SeededWeights:
+    """The perturbed parameters' offsets, and the ops that form a group of rows' seed's values from the base."""
+
+    def __init__(self, model: torch.nn.Module, include: Sequence[str] = ("*",), exclude: Sequence[str] = (),
+                 scheme: str = "speedproof-v2", backend: str = "reference"):
+        schemes.signs_at_function(scheme)  # refuses the schemes a population decode cannot form
+        if backend not in BACKENDS:
+            raise ValueError(f"population decode: backend {backend!r}; known: {list(BACKENDS)}")
+        if backend == "triton" and scheme not in TRITON_SCHEMES:
+            raise ValueError(f"population decode: the triton backend forms {', '.join(TRITON_SCHEMES)} weights, "
+                             f"not {scheme!r}")
+        params = select_parameters(model, include, exclude)
+        if not params:
+            raise ValueError(f"no parameter matches perturb.include={list(include)} minus "
+                             f"perturb.exclude={list(exclude)}")
+        dtypes = {p.dtype for p in model.parameters()}
+        if not dtypes <= set(SUPPORTED):
+            raise TypeError(f"population decode: the model's parameters are {sorted(map(str, dtypes))}; it forms "
+                            "fp32, bf16 and fp16 weights")
+        self.scheme, self.backend = scheme, backend
+        self.layout = schemes.layout(scheme, {n: p.data for n, p in params.items()})
+        self._offset = {params[name].data_ptr(): offset for name, offset, _ in self.layout}
+        self._signs_at = schemes.signs_at_function(scheme)
+
+    def offset(self, t: torch.Tensor | None) -> int | None:
+        """The global index of t's first element, or None where t is not perturbed (or None)."""
+        return None if t is None else self._offset.get(t.data_ptr())
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               groups: list[SeedRows]) -> torch.Tensor:
+        """F.linear of x [B, ..., K] whose batch rows fall into `groups`, each with its seed's weight and bias."""
+        lead, k = x.shape[:-1], x.shape[-1]
+        per_row = x[0].numel() // k if x.shape[0] else 1  # positions of a batch row
+        flat = [SeedRows(g.row0 * per_row, g.rows * per_row, g.seed, g.sigma) for g in groups]
+        y = seeded_linear(x.reshape(-1, k), weight, bias, flat, self.offset(weight), self.offset(bias),
+                          scheme=self.scheme, backend=self.backend)
+        return y.view(*lead, weight.shape[0])
+
+    def embedding(self, ids: torch.Tensor, weight: torch.Tensor, groups: list[SeedRows]) -> torch.Tensor:
+        """F.embedding of ids [B, q] with each group's seed's table rows (only the rows gathered are formed)."""
+        rows = F.embedding(ids, weight)
+        offset = self.offset(weight)
+        if offset is None:
+            return rows
+        width = weight.shape[1]
+        out = []
+        for g in groups:
+            tokens = ids[g.row0:g.row0 + g.rows]
+            index = offset + tokens[..., None] * width + torch.arange(width, device=ids.device)
+            r = self._signs_at(g.seed, index).to(torch.float32)
+            v = rows[g.row0:g.row0 + g.rows].to(torch.float32) + r * noise.sigma_fp32(g.sigma)
+            out.append(noise.round_fp32_to(v, weight.dtype))
+        return torch.cat(out)
+
+    def vector(self, weight: torch.Tensor, groups: list[SeedRows], like: torch.Tensor) -> torch.Tensor:
+        """A norm's scale per batch row: [B, 1 …, width] (broadcasting over `like`'s middle dimensions), each
+        group's seed's vector."""
+        offset = self.offset(weight)
+        shape = (1,) * (like.dim() - 2) + (weight.shape[0],)
+        if offset is None:
+            return weight
+        parts = [perturbed(weight, g.seed, g.sigma, offset, self.scheme).view(1, *shape).expand(g.rows, *shape)
+                 for g in groups]
+        return torch.cat(parts)
+
+
+class SeededLean(LeanQwen2):
+    """The lean forward whose parameter reads are each batch row's seed's values (`weights`); `groups` cover the
+    batch rows of the next call (set by its caller before each prefill or step). Norms and the MLP run as the
+    eager ops (the fused kernels take one scale vector and one weight per call)."""
+
+    def __init__(self, model: torch.nn.Module, batch_rows: int, max_len: int, weights: SeededWeights):
+        super().__init__(model, batch_rows, max_len)
+        self.weights = weights
+        self.groups: list[SeedRows] = []
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weights.embedding(ids, self.model.model.embed_tokens.weight, self.groups)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self._linear(x, self.model.lm_head.weight, None)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return self.weights.linear(x, weight, bias, self.groups)
+
+    def _mlp(self, li: int, x: torch.Tensor) -> torch.Tensor:
+        mlp = self.layers[li].mlp  # swiglu_mlp's ops in its order
+        gate, up = self._linear(x, mlp.gate_proj.weight, None), self._linear(x, mlp.up_proj.weight, None)
+        return self._linear(F.silu(gate) * up, mlp.down_proj.weight, None)
+
+    def rms(self, norm: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+        return self.norm(h, self.weights.vector(norm.weight, self.groups, h), norm.variance_epsilon)
+
+    def _add_norm(self, h: torch.Tensor, update: torch.Tensor, norm: torch.nn.Module):
+        return self.add_norm(h, update, self.weights.vector(norm.weight, self.groups, h), norm.variance_epsilon)

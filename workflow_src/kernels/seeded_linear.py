@@ -1,0 +1,212 @@
+"""A linear layer over the rows of several RandOpt seeds, each seed's weights formed from the base inside the op.
+
+    y[r] = x[r] · W_s(r)ᵀ + b_s(r),   W_s = round(dtype, fp32(W0) + fp32(σ_s)·R(seed_s, offset + j))
+
+where s(r) is the seed whose rows r belongs to and W_s is exactly what the reconstruct kernel
+(`kernels/perturb.py`) writes for that seed: the same signs, the same fp32 add, the same rounding to the stored
+dtype. Rows come in groups, one per seed (`SeedRows`: first row, row count, seed, σ), end to end.
+
+Two backends with the same perturbed weights:
+
+- `reference`: each seed's W_s (and b_s) reconstructed into scratch by the torch reference
+  (`noise.reconstruct_tensor_reference`), then `F.linear` over that seed's rows: the single-seed engine's own
+  arithmetic on reconstructed weights, so its rows are bit-equal to it wherever the row count is the same. It
+  reads the base once per seed.
+- `triton` (speedproof-v2 only): one program per (seed, row tile, column tile), the programs of one column tile
+  adjacent in the launch order, so the base tile that the first reads from memory reaches the others from L2;
+  each program forms its seed's tile in registers, one hash per 32 weights (the scheme's word; with the
+  weight's offset and K multiples of 32 a tile row of BLOCK_K weights takes BLOCK_K / 32 hashes, otherwise each
+  element hashes its own word), and multiplies it with its rows' tile in fp32 accumulation, as mixed-input GEMM
+  kernels dequantize weights in registers. Its sums run in its own order, so its rows can differ from
+  `F.linear`'s in the last bits; the weights it forms do not (tests/test_seeded_linear.py multiplies by the
+  identity to read them back exactly).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - the triton backend then raises
+    triton = tl = None
+
+from workflow_src.kernels.perturb import _fmix32, _key_mix, _state_step
+from workflow_src.kernels.triton_common import KIND, bits_view, jit_in_mode, load_f32, resolve_interpret, round_to
+from workflow_src.noise import schemes
+from workflow_src.noise import speedproof as noise
+
+BACKENDS = ("reference", "triton")
+TRITON_SCHEMES = ("speedproof-v2",)
+WORD = 32  # elements per speedproof-v2 hash
+
+
+@dataclass(frozen=True)
+class SeedRows:
+    """Rows row0 … row0 + rows − 1 of the input belong to `seed` at `sigma`."""
+    row0: int
+    rows: int
+    seed: int
+    sigma: float
+
+
+def check_groups(groups: list[SeedRows], total_rows: int) -> None:
+    """The groups cover the input's rows in order, each with at least one row and a valid seed."""
+    at = 0
+    for g in groups:
+        noise.check_seed(g.seed)
+        if g.row0 != at or g.rows < 1:
+            raise ValueError(f"seeded linear: groups must cover the rows in order, each with rows >= 1; got {g} "
+                             f"where row {at} comes next")
+        at += g.rows
+    if at != total_rows:
+        raise ValueError(f"seeded linear: the groups cover {at} rows, the input has {total_rows}")
+
+
+def perturbed(base: torch.Tensor, seed: int, sigma: float, offset: int, scheme: str) -> torch.Tensor:
+    """W_s of the module doc, by the torch reference (a new tensor; `base` is untouched)."""
+    out = torch.empty_like(base)
+    noise.reconstruct_tensor_reference(base, out, seed, sigma, offset, signs=schemes.signs_function(scheme))
+    return out
+
+
+def seeded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, groups: list[SeedRows],
+                  weight_offset: int, bias_offset: int | None = None, scheme: str = "speedproof-v2",
+                  backend: str = "reference", interpret: bool | None = None) -> torch.Tensor:
+    """y [M, N] of x [M, K] for base weight [N, K] and base bias [N] (or None) at global index offsets
+    `weight_offset` and `bias_offset` (noise.layout's; a parameter left unperturbed is passed as
+    `weight_offset=None` / `bias_offset=None` and used as it is)."""
+    schemes.check_scheme(scheme)
+    if backend not in BACKENDS:
+        raise ValueError(f"seeded linear: backend {backend!r}; known: {list(BACKENDS)}")
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"seeded linear: x [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if x.dtype != weight.dtype or weight.dtype not in KIND:
+        raise TypeError(f"seeded linear: x and weight share one dtype of fp32, bf16, fp16 (got {x.dtype}, "
+                        f"{weight.dtype})")
+    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != weight.dtype):
+        raise ValueError("seeded linear: bias must be [N] in the weight's dtype")
+    check_groups(groups, x.shape[0])
+    if backend == "reference":
+        return torch.cat([_reference_rows(x[g.row0:g.row0 + g.rows], weight, bias, g, weight_offset, bias_offset,
+                                          scheme) for g in groups])
+    if scheme not in TRITON_SCHEMES:
+        raise ValueError(f"seeded linear: the triton backend forms the {', '.join(TRITON_SCHEMES)} scheme's "
+                         f"weights, not {scheme!r} (use backend reference)")
+    return _triton(x, weight, bias, groups, weight_offset, bias_offset, resolve_interpret(x, interpret))
+
+
+def _reference_rows(x, weight, bias, g: SeedRows, weight_offset, bias_offset, scheme):
+    w = weight if weight_offset is None else perturbed(weight, g.seed, g.sigma, weight_offset, scheme)
+    b = bias if bias is None or bias_offset is None else perturbed(bias, g.seed, g.sigma, bias_offset, scheme)
+    return F.linear(x, w, b)
+
+
+def _v2_hash(word, seed):
+    """speedproof-v2's h(seed, k) for int64 word indices k: MurmurHash3_x86_32 of k's 8 little-endian bytes."""
+    h = tl.full(word.shape, 0, tl.uint32) + seed
+    for half in tl.static_range(2):  # the low word, then the high word
+        h = _state_step(h ^ _key_mix((word >> (32 * half)).to(tl.uint32)))
+    return _fmix32(h ^ 8)  # the key length in bytes, then the finalizer
+
+
+def _v2_flip(index, seed):
+    """R's sign bit (bit 31 set where R = −1) of each element at int64 global `index`, its own word hashed."""
+    return ((_v2_hash(index >> 5, seed) >> (index & 31).to(tl.uint32)) & 1) << 31
+
+
+def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr, sigma_ptr, N, w_offset, b_offset,
+                        M_TILES, K: tl.constexpr, KIND: tl.constexpr, HAND: tl.constexpr, INTERP: tl.constexpr, PERTURB_W: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, PERTURB_B: tl.constexpr, ALIGNED: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # K is a constant: the interpreter cannot bound a loop by a run-time value (one compilation per width).
+    # axis 0: (seed group, row tile), axis 1: column tile; axis 0 varies fastest in the launch order, so every
+    # seed's programs of one column tile run together and share the base tile through L2.
+    group = tl.program_id(0) // M_TILES
+    tile_m = tl.program_id(0) % M_TILES
+    rows = tl.load(rows_ptr + group)
+    if tile_m * BLOCK_M < rows:
+        row0 = tl.load(row0_ptr + group)
+        seed = tl.load(seed_ptr + group).to(tl.uint32)
+        sigma_bits = tl.load(sigma_ptr + group).to(tl.uint32, bitcast=True)
+        rm = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_ok, n_ok = rm < rows, rn < N
+        x_rows = (row0 + rm).to(tl.int64) * K
+        w_rows = rn.to(tl.int64) * K
+        acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            k_ok = rk < K
+            xt = load_f32(x_ptr + x_rows[:, None] + rk[None, :], m_ok[:, None] & k_ok[None, :], KIND)
+            w = load_f32(w_ptr + w_rows[:, None] + rk[None, :], n_ok[:, None] & k_ok[None, :], KIND)
+            if PERTURB_W:
+                if ALIGNED:  # a tile row's BLOCK_K weights are BLOCK_K / 32 whole words: one hash per word
+                    words = ((w_offset + w_rows + k0) >> 5)[:, None] + tl.arange(0, BLOCK_K // 32)[None, :]
+                    h = tl.reshape(tl.broadcast_to(_v2_hash(words, seed)[:, :, None], [BLOCK_N, BLOCK_K // 32, 32]),
+                                   [BLOCK_N, BLOCK_K])
+                    flip = ((h >> (rk & 31).to(tl.uint32)[None, :]) & 1) << 31
+                else:
+                    flip = _v2_flip(w_offset + w_rows[:, None] + rk[None, :], seed)
+                # σ·R is σ with its sign bit flipped where R = −1: exact, so one fp32 add and one rounding give
+                # the reconstruct kernel's bits (masked elements are zero and never reach a stored column)
+                w = round_to(w + (sigma_bits ^ flip).to(tl.float32, bitcast=True), KIND, HAND)
+            if (KIND == 0) or INTERP:  # the interpreter's dot takes no bf16: fp32 of the same values, exact products
+                acc += tl.dot(xt, tl.trans(w), input_precision="ieee")
+            elif KIND == 1:
+                acc += tl.dot(xt.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
+            else:
+                acc += tl.dot(xt.to(tl.float16), tl.trans(w.to(tl.float16)))
+        if HAS_BIAS:
+            b = load_f32(b_ptr + rn, n_ok, KIND)
+            if PERTURB_B:
+                b = round_to(b + (sigma_bits ^ _v2_flip(b_offset + rn.to(tl.int64), seed)).to(tl.float32, bitcast=True),
+                             KIND, HAND)
+            acc += b[None, :]
+        out = y_ptr + (row0 + rm).to(tl.int64)[:, None] * N + rn[None, :]
+        mask = m_ok[:, None] & n_ok[None, :]
+        r = round_to(acc, KIND, HAND)
+        if KIND == 1:
+            tl.store(out, (r.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.int16, bitcast=True), mask=mask)
+        elif KIND == 2:
+            tl.store(out, r.to(tl.float16).to(tl.int16, bitcast=True), mask=mask)
+        else:
+            tl.store(out, r, mask=mask)
+
+
+@functools.cache
+def _kernel(interpret: bool):
+    if triton is None:
+        raise ImportError("the seeded linear kernel needs triton (requirements.txt pins it)")
+    (kernel,) = jit_in_mode(interpret, (_seeded_linear_body,),
+                            helpers=(load_f32, round_to, _key_mix, _state_step, _fmix32, _v2_hash, _v2_flip),
+                            do_not_specialize=("w_offset", "b_offset", "M_TILES"))
+    return kernel
+
+
+def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, block_m=32, block_n=64, block_k=64):
+    M, K = x.shape
+    N = weight.shape[0]
+    x = x.contiguous()
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    device = x.device
+    row0 = torch.tensor([g.row0 for g in groups], dtype=torch.int32, device=device)
+    rows = torch.tensor([g.rows for g in groups], dtype=torch.int32, device=device)
+    seeds = torch.tensor([g.seed for g in groups], dtype=torch.int64, device=device)
+    sigmas = torch.tensor([noise.sigma_fp32(g.sigma) for g in groups], dtype=torch.float32, device=device)
+    m_tiles = triton.cdiv(max(g.rows for g in groups), block_m)
+    aligned = weight_offset is not None and weight_offset % WORD == 0 and K % WORD == 0 and block_k % WORD == 0
+    kind = KIND[x.dtype]
+    grid = (len(groups) * m_tiles, triton.cdiv(N, block_n))
+    _kernel(interpret)[grid](
+        bits_view(x), bits_view(weight.contiguous()), bits_view(bias) if bias is not None else x, bits_view(y),
+        row0, rows, seeds, sigmas, N, weight_offset or 0, bias_offset or 0, m_tiles, K=K, KIND=kind,
+        HAND=interpret and kind == 1, INTERP=interpret, PERTURB_W=weight_offset is not None, HAS_BIAS=bias is not None,
+        PERTURB_B=bias is not None and bias_offset is not None, ALIGNED=aligned, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=block_k)
+    return y
