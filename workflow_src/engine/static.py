@@ -407,14 +407,20 @@ class StaticEngine:
         if any(len(p) == 0 for p in encoded):
             raise ValueError("static engine: a prompt encodes to no tokens")
         decoder = self._decoder_for(max(len(p) for p in encoded) + max_new_tokens, slots)
+        with self._generating():
+            limits = [max_new_tokens] * len(encoded) if lengths is None else list(lengths)
+            return self._run(decoder, encoded, limits)
+
+    @contextlib.contextmanager
+    def _generating(self):
+        """The model in eval mode and the meter in a phase (the caller's, or the default) for one call."""
         with contextlib.ExitStack() as stack:
             if not self.meter.active:
                 stack.enter_context(self.meter.phase(DEFAULT_PHASE))
             was_training = self.model.training
             self.model.eval()
             try:
-                limits = [max_new_tokens] * len(encoded) if lengths is None else list(lengths)
-                return self._run(decoder, encoded, limits)
+                yield
             finally:
                 self.model.train(was_training)
 
@@ -447,23 +453,15 @@ class StaticEngine:
         limits = [[max_new_tokens] * len(encoded)] * len(population) if lengths is None else [list(e) for e in lengths]
         per_seed, out = self.batch_size // self.seeds_per_step, []
         self._decoder = None  # one KV cache at a time
-        with contextlib.ExitStack() as stack:
-            if not self.meter.active:
-                stack.enter_context(self.meter.phase(DEFAULT_PHASE))
-            was_training = self.model.training
-            self.model.eval()
-            try:
-                for at in range(0, len(population), self.seeds_per_step):
-                    chunk = list(population[at:at + self.seeds_per_step])
-                    decoder = PopulationDecoder(self.model, per_seed, chunk, capacity, weights,
-                                                span_bucket=self.span_bucket, fused=self.fused, attention=self.attention,
-                                                launch=self.launch, stop_tokens=self.stops,
-                                                trim_prefill=self.trim_prefill)
-                    ends = [n for seed_limits in limits[at:at + len(chunk)] for n in seed_limits]
-                    texts = self._run(decoder, encoded * len(chunk), ends, blocks=len(chunk))
-                    out += [texts[b * len(encoded):(b + 1) * len(encoded)] for b in range(len(chunk))]
-            finally:
-                self.model.train(was_training)
+        with self._generating():
+            for at in range(0, len(population), self.seeds_per_step):
+                chunk = list(population[at:at + self.seeds_per_step])
+                decoder = PopulationDecoder(self.model, per_seed, chunk, capacity, weights, span_bucket=self.span_bucket,
+                                            fused=self.fused, attention=self.attention, launch=self.launch,
+                                            stop_tokens=self.stops, trim_prefill=self.trim_prefill)
+                ends = [n for seed_limits in limits[at:at + len(chunk)] for n in seed_limits]
+                texts = self._run(decoder, encoded * len(chunk), ends, blocks=len(chunk))
+                out += [texts[b * len(encoded):(b + 1) * len(encoded)] for b in range(len(chunk))]
         return out
 
     def _encode(self, prompts: Sequence[str]) -> list[list[int]]:
