@@ -22,6 +22,8 @@ def engine_bench_flags(wildcards):
         flags += ["--lengths", s["lengths"]]
     if s["tiny"]:
         flags.append("--tiny")
+    if s["continuous"]:
+        flags.append("--continuous")
     return " ".join(shlex.quote(str(f)) for f in flags)
 
 

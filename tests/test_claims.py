@@ -20,7 +20,7 @@ def bench_run(tmp_path_factory):
     cfg.write_text(json.dumps({"evidence": {"engine_bench": {
         "tiny": True, "device": "cpu", "shapes": ["0.5B"], "prompts": 4, "prompt_chars": 10, "new_tokens": 6,
         "batch": 4, "seeds": 2, "repeats": 3, "lengths": "fixed:4", "engines": ["static:compact=0", "static"],
-        "population_engines": ["static"], "seeds_per_step": [1, 2], "claim": "engine-bench-cpu"}}}))
+        "population_engines": ["static"], "seeds_per_step": [1, 2], "continuous": True, "claim": "engine-bench-cpu"}}}))
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(work),
                            "--cores", "2", "engine_bench", "--configfile", str(cfg)], capture_output=True, text=True,
                           timeout=900)
@@ -68,8 +68,8 @@ def test_a_record_holds_every_repeat_its_median_range_and_provenance(tmp_path, b
     seeds = by_id["tiny.0.5B.static.population_seeds_per_s"]
     assert seeds["unit"] == "seeds/s" and seeds["repeats"] == 3 and "speedrun's clock" in seeds["what"]
     assert rec["raw"][0]["args"]["lengths"] == "fixed:4"
-    together = by_id["tiny.0.5B.static+seeds_per_step=2.population_seeds_per_s"]  # both seeds in one chunk
-    assert together["repeats"] == 3 and "2 seeds decoding together, their speedproof-v2 weights" in together["what"]
+    together = by_id["tiny.0.5B.static+seeds_per_step=2+continuous.population_seeds_per_s"]  # one schedule
+    assert together["repeats"] == 3 and "2 seeds decoding together (continuous schedule), their speedproof-v2" in together["what"]
     # the second engine against the first, repeat by repeat; the population ran the static engine alone
     ratio = by_id["tiny.0.5B.static.ratio_to_static:compact=0"]
     full, static = by_id["tiny.0.5B.static:compact=0.gen_tokens_per_s"], by_id["tiny.0.5B.static.gen_tokens_per_s"]

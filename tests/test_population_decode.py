@@ -10,7 +10,7 @@ from test_rl_subject import TASK
 
 from workflow_src.engine.perturber import Perturber
 from workflow_src.engine.seeded_weights import SeededWeights
-from workflow_src.engine.static import StaticEngine
+from workflow_src.engine.static import PopulationDecoder, StaticEngine
 from workflow_src.tasks import synthetic_arithmetic as task
 
 POPULATION = [(11, 0.03), (2**32 - 1, 0.03), (12345, -0.02)]
@@ -41,17 +41,25 @@ def single_seed(model, tok, prompts, exclude=()):
     return out, engine.generate(prompts, NEW_TOKENS)
 
 
-@pytest.mark.parametrize("seeds_per_step,exclude", [(2, ()), (3, ("*norm*", "model.embed_tokens.*"))])
+@pytest.mark.parametrize("seeds_per_step,exclude,continuous", [(2, (), False), (3, ("*norm*", "model.embed_tokens.*"), False),
+                                                               (2, (), True)])
 def test_each_seed_decodes_as_the_single_seed_engine_on_its_weights(model_and_tokenizer, prompts, seeds_per_step,
-                                                                    exclude):
+                                                                    exclude, continuous, monkeypatch):
     model, tok = model_and_tokenizer
+    steps, groups, step_ops = [], PopulationDecoder._groups, PopulationDecoder._step_ops
+    monkeypatch.setattr(PopulationDecoder, "_step_ops",
+                        lambda self, span, rows: steps.append(groups(self, range(rows))) or step_ops(self, span, rows))
     want, base = single_seed(model, tok, prompts, exclude)
     assert all(w != base for w in want)  # the seeds' weights change the tokens: the comparison can fail
     before = {n: p.clone() for n, p in model.state_dict().items()}
     engine = StaticEngine(model, tok, 3 * seeds_per_step, seeds_per_step=seeds_per_step)
     weights = SeededWeights(model, exclude=exclude, scheme="speedproof-v2", backend="reference")
-    got = engine.generate_population(prompts, POPULATION, NEW_TOKENS, weights)
+    got = engine.generate_population(prompts, POPULATION, NEW_TOKENS, weights, continuous=continuous)
     assert got == want
+    # blocks: every seed's rows are its block; continuous: a seed's rows follow the schedule (a freed slot takes
+    # the next seed's prompt while its neighbours finish the previous seed's)
+    assert max(len({g.seed for g in step}) for step in steps) > 1
+    assert any(g.rows != 3 for step in steps for g in step) == continuous
     assert all(torch.equal(before[n], p) for n, p in model.state_dict().items())  # the base stays the base
     (phase,) = engine.meter.to_dict().values()
     assert phase["prompts"] == len(prompts) * len(POPULATION)

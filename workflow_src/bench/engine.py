@@ -184,6 +184,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds-per-step", nargs="+", type=int, default=[1], metavar="S",
                         help="time the population also with S seeds decoding together (the static engine's population "
                              "decode, speedproof-v2 weights formed in each op; 1: one seed at a time, weights switched)")
+    parser.add_argument("--continuous", action="store_true",
+                        help="with --seeds-per-step above 1: one queue over every seed's prompts, a freed slot taking "
+                             "the next prompt of any seed (StaticEngine.generate_population's continuous schedule)")
     parser.add_argument("--sigma", type=float, default=1e-3)
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                     help="profile N new tokens of the eager static engine on the last shape (top ops by time)")
@@ -325,9 +328,13 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
 
                 def decode(chunk):
                     return engine.generate_population(prompts, [(s, args.sigma) for s in chunk], args.new_tokens,
-                                                      weights, lengths=[draws[s] for s in chunk] if length_model else None)
-                label, scheme = f"{name}+seeds_per_step={per_step}", weights.scheme
+                                                      weights, lengths=[draws[s] for s in chunk] if length_model else None,
+                                                      continuous=args.continuous)
+                label, scheme = f"{name}+seeds_per_step={per_step}" + ("+continuous" if args.continuous else ""), weights.scheme
+                if args.continuous:  # the whole population is one schedule: one chunk, no first chunk to leave out
+                    chunks = [seeds]
             out["engines"][label] = {"seeds_per_step": per_step, "scheme": scheme,
+                                     "schedule": "continuous" if per_step > 1 and args.continuous else "blocks",
                                      **time_population(decode, chunks, grader, tok, floors, args.repeats, sync, label)}
             perturber.restore_base()
     return out

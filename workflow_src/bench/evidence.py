@@ -87,8 +87,8 @@ def engine_claims(prefix: str, bench: Mapping[str, Any]) -> list[dict[str, Any]]
         for name, e in sorted(pop["engines"].items()):
             key, per_step = e["statistic"], e.get("seeds_per_step", 1)
             how = ("switch, generation, grading" if per_step == 1 else
-                   f"{per_step} seeds decoding together, their {e['scheme']} weights formed from the base in each op; "
-                   "generation, grading")
+                   f"{per_step} seeds decoding together ({e.get('schedule', 'blocks')} schedule), their {e['scheme']} "
+                   "weights formed from the base in each op; generation, grading")
             first = "seed" if per_step == 1 else f"{per_step} seeds"
             out.append(claim(f"{prefix}.{shape}.{name}.population_seeds_per_s",
                              f"RandOpt population of {pop['seeds']} seeds at {shape} on the {name} engine, "

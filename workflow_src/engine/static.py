@@ -127,6 +127,9 @@ class SlotDecoder:
     def _make_lean(self, model: PreTrainedModel, slots: int, capacity: int, fused: bool) -> LeanQwen2:
         return LeanQwen2(model, slots, capacity, fused=fused)
 
+    def admitted(self, slots: list[int], items: list[int]) -> None:
+        """Items of the engine's queue (`StaticEngine._run`) are about to be prefilled into these slots."""
+
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
         """Prefill each prompt into its slot (positions 0..len-1); returns each prompt's next-token logits."""
@@ -282,36 +285,47 @@ class SlotDecoder:
 
 class PopulationDecoder(SlotDecoder):
     """A SlotDecoder over the rows of several RandOpt seeds, so one step reads the base weights for all of them
-    (docs/randopt.md, "Population decode"): slots b·per_seed … (b + 1)·per_seed − 1 decode with seed b's weights,
-    formed from the model's base weights inside each op (engine/seeded_weights.py). Each block's prompts prefill on their own,
-    as the single-seed engine's, and a step runs every block's rows together; no CUDA graphs and no packed
-    projections (the ops read per-step seed tables and each parameter by its own address)."""
+    (docs/randopt.md, "Population decode"): each slot decodes with the weights of the seed whose prompt it was
+    given last (`admitted`), formed from the model's base weights inside each op (engine/seeded_weights.py). The
+    prompts of one seed admitted together prefill on their own, as the single-seed engine's would; a step runs
+    every slot's row together, one group per run of slots of one seed. No CUDA graphs and no packed projections
+    (the ops read per-step seed tables and each parameter by its own address)."""
 
-    def __init__(self, model: PreTrainedModel, per_seed: int, seeds: Sequence[tuple[int, float]], capacity: int,
-                 weights: SeededWeights, **options):
+    def __init__(self, model: PreTrainedModel, slots: int, seeds: Sequence[tuple[int, float]], prompts_per_seed: int,
+                 capacity: int, weights: SeededWeights, **options):
+        """`seeds`: the population's (seed, σ); item i of the engine's queue is prompt i % prompts_per_seed under
+        seed i // prompts_per_seed."""
         self.weights = weights
-        super().__init__(model, per_seed * len(seeds), capacity, graphs=False, packed=False, **options)
-        self.per_seed, self.seeds = per_seed, list(seeds)
+        super().__init__(model, slots, capacity, graphs=False, packed=False, **options)
+        self.seeds, self.prompts_per_seed = list(seeds), prompts_per_seed
+        self.slot_seed = [0] * slots  # index into seeds of each slot's seed (its last one, once its sequence ended)
 
     def _make_lean(self, model: PreTrainedModel, slots: int, capacity: int, fused: bool) -> LeanQwen2:
         return SeededLean(model, slots, capacity, self.weights)
 
-    def _block(self, b: int, row0: int, rows: int) -> SeedRows:
-        seed, sigma = self.seeds[b]
-        return SeedRows(row0, rows, seed, sigma)
+    def admitted(self, slots: list[int], items: list[int]) -> None:
+        for slot, item in zip(slots, items):
+            self.slot_seed[slot] = item // self.prompts_per_seed
+
+    def _groups(self, slots: Sequence[int]) -> list[SeedRows]:
+        """One group per run of consecutive rows (the given slots, in order) whose slots decode one seed."""
+        groups, row = [], 0
+        for b, run in itertools.groupby(slots, key=lambda slot: self.slot_seed[slot]):
+            n = len(list(run))
+            groups.append(SeedRows(row, n, *self.seeds[b]))
+            row += n
+        return groups
 
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
-        out, at = [], 0
-        for b, run in itertools.groupby(slots, key=lambda slot: slot // self.per_seed):
-            n = len(list(run))
-            self.lean.groups = [self._block(b, 0, n)]
-            out.append(super().prefill(prompts[at:at + n], slots[at:at + n]))
-            at += n
+        out = []
+        for g in self._groups(slots):
+            self.lean.groups = [SeedRows(0, g.rows, g.seed, g.sigma)]
+            out.append(super().prefill(prompts[g.row0:g.row0 + g.rows], slots[g.row0:g.row0 + g.rows]))
         return torch.cat(out)
 
     def _step_ops(self, span: int, rows: int) -> torch.Tensor:
-        self.lean.groups = [self._block(b, b * self.per_seed, self.per_seed) for b in range(rows // self.per_seed)]
+        self.lean.groups = self._groups(range(rows))
         return super()._step_ops(span, rows)
 
 
@@ -426,12 +440,19 @@ class StaticEngine:
 
     def generate_population(self, prompts: Sequence[str], population: Sequence[tuple[int, float]],
                             max_new_tokens: int, weights: SeededWeights,
-                            lengths: Sequence[Sequence[int]] | None = None) -> list[list[str]]:
+                            lengths: Sequence[Sequence[int]] | None = None,
+                            continuous: bool = False) -> list[list[str]]:
         """Every prompt under every (seed, σ) of `population`, `seeds_per_step` seeds decoding together
         (PopulationDecoder) from the model's base weights; returns each seed's completions in prompt order. A
         seed's tokens are those of `generate` on the model with that seed's weights reconstructed (Perturber,
         same parameters and scheme) wherever each op rounds a seed's rows as it rounds them alone (the
-        reference backend on the CPU: tests/test_population_decode.py). `lengths`: per seed, `generate`'s."""
+        reference backend on the CPU: tests/test_population_decode.py). `lengths`: per seed, `generate`'s.
+
+        Schedules: by default the slots split into `seeds_per_step` equal blocks, each decoding one seed's prompts
+        (a block waits for its seed's longest completion before the next seeds start). `continuous`: one queue of
+        every seed's prompts in seed order, and a slot freed by any completion takes the next prompt, whatever
+        its seed, so ragged lengths cost no seed its longest completion; a seed's rows then run in groups whose
+        row counts follow the schedule (GEMM row counts that the single-seed engine never had)."""
         if max_new_tokens < 1:
             raise ValueError(f"static engine: max_new_tokens must be >= 1, got {max_new_tokens}")
         if lengths is not None and (len(lengths) != len(population) or any(
@@ -451,16 +472,17 @@ class StaticEngine:
             raise ValueError(f"static engine: prompt + max_new_tokens needs {capacity} positions; the model has "
                              f"{self.model.config.max_position_embeddings}")
         limits = [[max_new_tokens] * len(encoded)] * len(population) if lengths is None else [list(e) for e in lengths]
-        per_seed, out = self.batch_size // self.seeds_per_step, []
+        out, options = [], dict(span_bucket=self.span_bucket, fused=self.fused, attention=self.attention,
+                                launch=self.launch, stop_tokens=self.stops, trim_prefill=self.trim_prefill)
         self._decoder = None  # one KV cache at a time
+        per_call = len(population) if continuous else self.seeds_per_step
         with self._generating():
-            for at in range(0, len(population), self.seeds_per_step):
-                chunk = list(population[at:at + self.seeds_per_step])
-                decoder = PopulationDecoder(self.model, per_seed, chunk, capacity, weights, span_bucket=self.span_bucket,
-                                            fused=self.fused, attention=self.attention, launch=self.launch,
-                                            stop_tokens=self.stops, trim_prefill=self.trim_prefill)
+            for at in range(0, len(population), per_call):
+                chunk = list(population[at:at + per_call])
+                slots = self.batch_size if continuous else self.batch_size // self.seeds_per_step * len(chunk)
+                decoder = PopulationDecoder(self.model, slots, chunk, len(encoded), capacity, weights, **options)
                 ends = [n for seed_limits in limits[at:at + len(chunk)] for n in seed_limits]
-                texts = self._run(decoder, encoded * len(chunk), ends, blocks=len(chunk))
+                texts = self._run(decoder, encoded * len(chunk), ends, lanes=1 if continuous else len(chunk))
                 out += [texts[b * len(encoded):(b + 1) * len(encoded)] for b in range(len(chunk))]
         return out
 
@@ -473,7 +495,7 @@ class StaticEngine:
             self._encoded = (key, self.tokenizer(list(prompts))["input_ids"])
         return self._encoded[1]
 
-    def _run(self, decoder: SlotDecoder, encoded: list[list[int]], limits: list[int], blocks: int = 1) -> list[str]:
+    def _run(self, decoder: SlotDecoder, encoded: list[list[int]], limits: list[int], lanes: int = 1) -> list[str]:
         """Generate every prompt; each completion's text (in prompt order) is decoded as its sequence ends
         (`_record`). The decoder's tokens and positions, which slots still decode (`live`) and how
         many tokens each may still make (`left`) live on the device and are advanced there by each step
@@ -490,12 +512,12 @@ class StaticEngine:
         on a GPU, where a GEMM's rounding can follow its row count, the two orders' tokens may differ in
         near-ties (each order repeats its own).
 
-        `blocks`: the slots fall into that many equal blocks, block b decoding prompts b·n … (b + 1)·n − 1 of
-        `encoded` (n = len(encoded) / blocks) and no other: a population decode's seeds (PopulationDecoder). No
-        compaction then: a block's slots stay its own."""
+        `lanes`: the slots fall into that many equal blocks, block b decoding items b·n … (b + 1)·n − 1 of
+        `encoded` (n = len(encoded) / lanes) and no other (a population decode's seed blocks). No compaction
+        with more than one lane: a block's slots stay its own."""
         device = decoder.tokens.device
-        per_block, per_seed = decoder.slots // blocks, len(encoded) // blocks
-        queues = [deque(range(b * per_seed, (b + 1) * per_seed)) for b in range(blocks)]
+        per_block, per_lane = decoder.slots // lanes, len(encoded) // lanes
+        queues = [deque(range(b * per_lane, (b + 1) * per_lane)) for b in range(lanes)]
         generated: list[list[int]] = [[] for _ in encoded]
         texts: dict[int, str] = {}
         owner: list[int | None] = [None] * decoder.slots  # the prompt each slot decodes, as the host knows it
@@ -517,6 +539,7 @@ class StaticEngine:
             if not taken:
                 return
             slots, idx = [s for s, _ in taken], [i for _, i in taken]
+            decoder.admitted(slots, idx)
             logits = decoder.prefill([encoded[i] for i in idx], slots)
             at = torch.tensor(slots, device=device)
             lengths = [len(encoded[i]) for i in idx]
@@ -579,7 +602,7 @@ class StaticEngine:
                 launch()
             if unread and (len(unread) > lag or not decoding):
                 read()
-                if self.compact and blocks == 1 and not queues[0] and rows > 1 and fitting(sum(o is not None for o in owner[:rows])) < rows:
+                if self.compact and lanes == 1 and not queues[0] and rows > 1 and fitting(sum(o is not None for o in owner[:rows])) < rows:
                     rows = compact_rows()
             elif not decoding:
                 if not any(queues):
