@@ -65,9 +65,9 @@ def test_each_seed_decodes_as_the_single_seed_engine_on_its_weights(model_and_to
     assert phase["prompts"] == len(prompts) * len(POPULATION)
 
 
-def test_the_triton_backend_forms_the_same_weights_and_repeats_itself(model_and_tokenizer, prompts):
+def test_the_triton_backend_gives_the_reference_backends_tokens(model_and_tokenizer, prompts):
     """Interpreted: the same tokens as the reference backend wherever no near-tie meets the kernel's own order of
-    sums (all of them on this model), and the same on every run."""
+    sums (all of them on this model), with each seed's own lengths."""
     model, tok = model_and_tokenizer
     engine = StaticEngine(model, tok, 4, seeds_per_step=2)
     ends = [[5, 2, 4], [1, 5, 5]]  # each seed's own lengths (a length model's draws)
@@ -77,8 +77,7 @@ def test_the_triton_backend_forms_the_same_weights_and_repeats_itself(model_and_
     assert ref != full and all(f.startswith(r) for fs, rs in zip(full, ref) for f, r in zip(fs, rs))
     weights = SeededWeights(model, backend="triton")
     tri = engine.generate_population(prompts[:3], POPULATION[:2], 5, weights, lengths=ends)
-    assert tri == ref
-    assert engine.generate_population(prompts[:3], POPULATION[:2], 5, weights, lengths=ends) == tri
+    assert tri == ref  # (the kernel repeats its bits: tests/test_seeded_linear.py)
 
 
 def test_bad_input_is_refused_before_any_generation(model_and_tokenizer):

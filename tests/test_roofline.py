@@ -5,7 +5,17 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from workflow_src.bench.roofline import ceilings, copy_bandwidth, floor, generation_work, main, matmul_rate, ridge_rows
+from workflow_src.bench.roofline import (
+    ceilings,
+    copy_bandwidth,
+    floor,
+    generation_work,
+    main,
+    matmul_rate,
+    ragged_generation_work,
+    ridge_rows,
+    together,
+)
 
 ARCH = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=80, max_position_embeddings=128)
@@ -143,3 +153,26 @@ def test_ragged_work_follows_the_engines_slot_schedule():
     per_position = work["kv_bytes_per_position"]
     assert [w["kv_bytes"] // per_position for w in work["waves"]] == [3 + 1, (3 + 2) + (5 + 1), (3 + 3) + (5 + 2)]
     assert work["generated_tokens"] == 8
+
+
+def test_seeds_decoding_together_read_the_weights_once_a_step():
+    """Two seeds' generations in one schedule (the population decode's blocks): a step reads the weights once for
+    both seeds' rows; reads of the KV cache, arithmetic and prefills add up; the longer seed sets the steps."""
+    model = tiny(False)
+    a = ragged_generation_work(model, [5, 7, 6], [9, 9, 9], 3)  # generation_work's, one wave a step
+    b = ragged_generation_work(model, [5, 7, 6], [9, 4, 2], 3)
+    both = together([a, b])
+    assert both["decode_steps"] == a["decode_steps"] == 8 and both["seeds"] == 2 and both["slots"] == 6
+    for k in ("kv_bytes", "decode_flop", "prefill_flop", "generated_tokens", "prompts"):
+        assert both[k] == a[k] + b[k], k
+    assert [w["rows"] for w in both["waves"]] == [3 + w["rows"] for w in b["waves"]] + [3] * (8 - len(b["waves"]))
+    measured = {"copy": {"gb_per_s": 1.0}, "matmul": {"tflop_per_s": 1e6}}  # reads bound every step
+    apart = floor(a, measured)["decode_s"] + floor(b, measured)["decode_s"]
+    assert floor(both, measured)["decode_s"] == pytest.approx(apart - len(b["waves"]) * a["weight_bytes_per_step"] / 1e9)
+    fast_reads = {"copy": {"gb_per_s": 1e9}, "matmul": {"tflop_per_s": 1e-3}}  # arithmetic bounds every step
+    assert floor(both, fast_reads)["decode_s"] == pytest.approx(floor(a, fast_reads)["decode_s"]
+                                                                + floor(b, fast_reads)["decode_s"])
+    with pytest.raises(ValueError):
+        together([])
+    with pytest.raises(ValueError, match="per-step"):
+        together([generation_work(model, [5, 7, 6], 9, 3)])

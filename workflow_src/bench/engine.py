@@ -52,7 +52,7 @@ import time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from workflow_src.bench.roofline import ceilings, floor, generation_work, ragged_generation_work
+from workflow_src.bench.roofline import ceilings, floor, generation_work, ragged_generation_work, together
 from workflow_src.checkpoints.random_init import tensor_seed
 from workflow_src.checkpoints.tokenizer import build_tokenizer
 from workflow_src.engine import ThroughputMeter, make_engine
@@ -304,10 +304,24 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
     grader = get_task("synthetic_arithmetic")
     seeds = population_seeds(0, args.seeds)
     draws = {s: length_model.draw(len(prompts), s) if length_model else None for s in seeds}
-    floors = [floor(ragged_generation_work(model, prompt_tokens, draws[s], args.batch) if draws[s] else
-                    generation_work(model, prompt_tokens, args.new_tokens, args.batch), measured)["seconds"]
-              for s in seeds]
+    works = {s: ragged_generation_work(model, prompt_tokens, draws[s], args.batch) if draws[s] else
+             generation_work(model, prompt_tokens, args.new_tokens, args.batch) for s in seeds}
+    floors = [floor(works[s], measured)["seconds"] for s in seeds]
     floor_seeds_per_s = len(seeds) / sum(floors)
+
+    def chunk_floors(chunks, continuous: bool, per_step: int) -> list[float]:
+        """Each seed's share of its chunk's floor: the chunk's seeds decoding together (the base weights read
+        once a step for all their rows), in the blocks schedule or as one queue over the chunk's prompts."""
+        out = []
+        for chunk in chunks:
+            if continuous:
+                ends = [n for s in chunk for n in (draws[s] or [args.new_tokens] * len(prompts))]
+                work = ragged_generation_work(model, prompt_tokens * len(chunk), ends, args.batch * per_step)
+            else:
+                work = together([ragged_generation_work(model, prompt_tokens, draws[s] or [args.new_tokens] * len(prompts),
+                                                        args.batch) for s in chunk])
+            out += [floor(work, measured)["seconds"] / len(chunk)] * len(chunk)
+        return out
     perturber = Perturber(model)
     out = {"seeds": args.seeds, "sigma": args.sigma, "prompts": len(prompts), "lengths": args.lengths,
            "clock": "switch + generation + grading, wall clock", "floor_seeds_per_s": floor_seeds_per_s,
@@ -333,17 +347,22 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
                 label, scheme = f"{name}+seeds_per_step={per_step}" + ("+continuous" if args.continuous else ""), weights.scheme
                 if args.continuous:  # the whole population is one schedule: one chunk, no first chunk to leave out
                     chunks = [seeds]
+            continuous = per_step > 1 and args.continuous
+            own = floors if per_step == 1 else chunk_floors(chunks, continuous, per_step)
             out["engines"][label] = {"seeds_per_step": per_step, "scheme": scheme,
-                                     "schedule": "continuous" if per_step > 1 and args.continuous else "blocks",
-                                     **time_population(decode, chunks, grader, tok, floors, args.repeats, sync, label)}
+                                     "schedule": "continuous" if continuous else "blocks",
+                                     "floor_seeds_per_s": len(seeds) / sum(own),
+                                     **time_population(decode, chunks, grader, tok, own, floors, args.repeats, sync,
+                                                       label)}
             perturber.restore_base()
     return out
 
 
-def time_population(decode, chunks, grader, tok, floors, repeats, sync, label) -> dict:
+def time_population(decode, chunks, grader, tok, floors, single_floors, repeats, sync, label) -> dict:
     """`repeats` runs of `decode` (a chunk of seeds → each seed's completions) over every chunk, grading each
     completion; a seed's seconds are its chunk's over the chunk's seeds. After the first chunk, which also
-    captures the new engine's graphs, seeds/s and its share of the floor's (over the same seeds)."""
+    captures the new engine's graphs, seeds/s and its share of the floor's over the same seeds: `floors` (the
+    schedule's own: several seeds per step read the weights once) and `single_floors` (one seed at a time)."""
     import statistics
     runs = []
     for _ in range(repeats):
@@ -366,6 +385,7 @@ def time_population(decode, chunks, grader, tok, floors, repeats, sync, label) -
             after = (len(seed_seconds) - first) / sum(seed_seconds[first:])
             run["seeds_per_s_after_first"] = after
             run["share_of_floor"] = after / ((len(floors) - first) / sum(floors[first:]))
+            run["share_of_single_seed_floor"] = after / ((len(single_floors) - first) / sum(single_floors[first:]))
         runs.append(run)
         print(f"population {label:>7}: {run['seeds_per_s']:.3f} seeds/s"
               + (f" ({run['seeds_per_s_after_first']:.3f} after the first chunk, {run['share_of_floor']:.0%} of the "

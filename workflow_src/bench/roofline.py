@@ -20,6 +20,9 @@ max_new_tokens, as random weights make them; stops only shorten the work):
   (the reads, KV cache included, at the copy rate; the arithmetic at the matrix rate);
 - the prefill multiplies each prompt token by the layers' weight matrices and each prompt's last position by the
   lm_head; attention's own arithmetic is left out (under 1 % at 200-token prompts on Qwen2.5-7B).
+Several RandOpt seeds decoding together (the population decode, `together`): a step reads the base weights once
+for every seed's rows, while the KV reads and the arithmetic add up, so above the ridge the floor is the
+arithmetic's.
 Norms, activations, attention arithmetic, gaps between kernels and the host come on top: an engine's share of
 the floor says how close to the memory and matrix ceilings it runs, not what it could reach.
 """
@@ -27,6 +30,7 @@ the floor says how close to the memory and matrix ceilings it runs, not what it 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 from collections.abc import Sequence
@@ -152,6 +156,30 @@ def ragged_generation_work(model: torch.nn.Module, prompt_lengths: Sequence[int]
             "max_new_tokens": max(lengths), "decode_steps": len(waves), "steps_per_wave": 1,
             "kv_bytes": sum(w["kv_bytes"] for w in waves), "decode_flop": sum(w["decode_flop"] for w in waves),
             "waves": waves, "generated_tokens": sum(lengths), "ragged": True}
+
+
+def together(works: Sequence[dict]) -> dict:
+    """The work of several seeds' generations decoding together, each in its own slots (the population decode's
+    blocks schedule): decode step t of every seed is one step, reading the base weights once for all their rows;
+    the KV reads, the arithmetic and the prefills add up. Each work is one wave per decode step
+    (ragged_generation_work; with every length max_new_tokens it is generation_work's)."""
+    if not works or not all(w.get("ragged") for w in works):
+        raise ValueError("roofline: together() takes ragged_generation_work's per-step works")
+    waves = []
+    for at in itertools.zip_longest(*(work["waves"] for work in works)):
+        present = [w for w in at if w is not None]
+        waves.append({"rows": sum(w["rows"] for w in present), "steps": 1,
+                      "kv_bytes": sum(w["kv_bytes"] for w in present),
+                      "decode_flop": sum(w["decode_flop"] for w in present)})
+    first = works[0]
+    return {"prompts": sum(w["prompts"] for w in works), "prompt_tokens": sum(w["prompt_tokens"] for w in works),
+            "slots": sum(w["slots"] for w in works), "seeds": len(works),
+            "weight_bytes_per_step": first["weight_bytes_per_step"], "kv_bytes_per_position": first["kv_bytes_per_position"],
+            "max_new_tokens": max(w["max_new_tokens"] for w in works), "steps_per_wave": 1,
+            "decode_steps": sum(w["steps"] for w in waves), "kv_bytes": sum(w["kv_bytes"] for w in waves),
+            "decode_flop": sum(w["decode_flop"] for w in waves), "waves": waves,
+            "prefill_flop": sum(w["prefill_flop"] for w in works),
+            "generated_tokens": sum(w["generated_tokens"] for w in works), "ragged": True}
 
 
 def floor(work: dict, measured: dict) -> dict:
