@@ -11,11 +11,9 @@ VLLM_VENV ?= .venv-vllm
 
 .PHONY: run test report lint claims clean-results vllm-env vllm-gpu-env
 
-# --no-compile: pip would byte-compile every installed module (torch's alone take about a minute on 2 cores);
-# Python compiles the ones a run imports, once, when it first imports them.
 $(STAMP): requirements.txt requirements-lock.txt
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --no-compile -r requirements.txt -c requirements-lock.txt
+	$(PY) -m pip install -q -r requirements.txt -c requirements-lock.txt
 	touch $@
 
 run: $(STAMP)
