@@ -34,7 +34,7 @@ class SeededWeights:
 
     def __init__(self, model: torch.nn.Module, include: Sequence[str] = ("*",), exclude: Sequence[str] = (),
                  scheme: str = "speedproof-v2", backend: str = "reference"):
-        schemes.signs_at_function(scheme)  # refuses the schemes a population decode cannot form
+        self._signs_at = schemes.signs_at_function(scheme)  # refuses the schemes a population decode cannot form
         if backend not in BACKENDS:
             raise ValueError(f"population decode: backend {backend!r}; known: {list(BACKENDS)}")
         if backend == "triton" and scheme not in TRITON_SCHEMES:
@@ -51,7 +51,6 @@ class SeededWeights:
         self.scheme, self.backend = scheme, backend
         self.layout = schemes.layout(scheme, {n: p.data for n, p in params.items()})
         self._offset = {params[name].data_ptr(): offset for name, offset, _ in self.layout}
-        self._signs_at = schemes.signs_at_function(scheme)
 
     def offset(self, t: torch.Tensor | None) -> int | None:
         """The global index of t's first element, or None where t is not perturbed (or None)."""
@@ -83,27 +82,36 @@ class SeededWeights:
             out.append(noise.round_fp32_to(v, weight.dtype))
         return torch.cat(out)
 
-    def vector(self, weight: torch.Tensor, groups: list[SeedRows], like: torch.Tensor) -> torch.Tensor:
+    def vector(self, weight: torch.Tensor, groups: list[SeedRows], like: torch.Tensor,
+               formed: dict | None = None) -> torch.Tensor:
         """A norm's scale per batch row: [B, 1 …, width] (broadcasting over `like`'s middle dimensions), each
-        group's seed's vector."""
+        group's seed's vector. `formed`: a cache of the vectors by (parameter, seed, σ), for a caller whose base
+        weights do not change while it holds it (a decode forms each layer's two scales for every step)."""
         offset = self.offset(weight)
-        shape = (1,) * (like.dim() - 2) + (weight.shape[0],)
         if offset is None:
             return weight
-        parts = [perturbed(weight, g.seed, g.sigma, offset, self.scheme).view(1, *shape).expand(g.rows, *shape)
-                 for g in groups]
+        formed = {} if formed is None else formed
+        shape = (1,) * (like.dim() - 2) + (weight.shape[0],)
+        parts = []
+        for g in groups:
+            key = (weight.data_ptr(), g.seed, g.sigma)
+            if key not in formed:
+                formed[key] = perturbed(weight, g.seed, g.sigma, offset, self.scheme)
+            parts.append(formed[key].view(1, *shape).expand(g.rows, *shape))
         return torch.cat(parts)
 
 
 class SeededLean(LeanQwen2):
     """The lean forward whose parameter reads are each batch row's seed's values (`weights`); `groups` cover the
     batch rows of the next call (set by its caller before each prefill or step). Norms and the MLP run as the
-    eager ops (the fused kernels take one scale vector and one weight per call)."""
+    eager ops (the fused kernels take one scale vector and one weight per call). The base weights stay as they
+    are while it lives (its norm scales are formed once per seed)."""
 
     def __init__(self, model: torch.nn.Module, batch_rows: int, max_len: int, weights: SeededWeights):
         super().__init__(model, batch_rows, max_len)
         self.weights = weights
         self.groups: list[SeedRows] = []
+        self._scales: dict = {}
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         return self.weights.embedding(ids, self.model.model.embed_tokens.weight, self.groups)
@@ -120,7 +128,8 @@ class SeededLean(LeanQwen2):
         return self._linear(F.silu(gate) * up, mlp.down_proj.weight, None)
 
     def rms(self, norm: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
-        return self.norm(h, self.weights.vector(norm.weight, self.groups, h), norm.variance_epsilon)
+        return self.norm(h, self.weights.vector(norm.weight, self.groups, h, self._scales), norm.variance_epsilon)
 
     def _add_norm(self, h: torch.Tensor, update: torch.Tensor, norm: torch.nn.Module):
-        return self.add_norm(h, update, self.weights.vector(norm.weight, self.groups, h), norm.variance_epsilon)
+        return self.add_norm(h, update, self.weights.vector(norm.weight, self.groups, h, self._scales),
+                             norm.variance_epsilon)

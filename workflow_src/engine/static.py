@@ -387,21 +387,30 @@ class StaticEngine:
         return {"decode": "triton:kernels/decode_attention.py", "decode_launch": dataclasses.asdict(self.launch),
                 "compact": self.compact, "trim_prefill": self.trim_prefill}
 
+    def _decoder_options(self) -> dict:
+        return dict(span_bucket=self.span_bucket, fused=self.fused, attention=self.attention, launch=self.launch,
+                    stop_tokens=self.stops, trim_prefill=self.trim_prefill)
+
     def _decoder_for(self, capacity: int, slots: int) -> SlotDecoder:
         """The decoder (and its captured graphs) is kept while it has these slots, enough capacity and the engine's
         stop tokens: weights are read in place. Anything else replaces it (one KV cache at a time)."""
-        limit = self.model.config.max_position_embeddings
-        if capacity > limit:
-            raise ValueError(f"static engine: prompt + max_new_tokens needs {capacity} positions; the model has "
-                             f"{limit}")
         old = self._decoder
         if old is None or old.capacity < capacity or old.slots != slots or old.stop_tokens != tuple(sorted(self.stops)):
             self._decoder = old = None  # free the old cache before the new one is allocated
-            self._decoder = SlotDecoder(self.model, slots, capacity, self.graphs, self.span_bucket,
-                                        fused=self.fused, packed=self.packed, attention=self.attention,
-                                        launch=self.launch, stop_tokens=self.stops,
-                                        trim_prefill=self.trim_prefill)
+            self._decoder = SlotDecoder(self.model, slots, capacity, self.graphs, packed=self.packed,
+                                        **self._decoder_options())
         return self._decoder
+
+    def _encoded_with_capacity(self, prompts: Sequence[str], max_new_tokens: int) -> tuple[list[list[int]], int]:
+        """The prompts' ids and the cache positions their generation needs, both checked."""
+        encoded = self._encode(prompts)
+        if any(len(p) == 0 for p in encoded):
+            raise ValueError("static engine: a prompt encodes to no tokens")
+        capacity, limit = max(len(p) for p in encoded) + max_new_tokens, self.model.config.max_position_embeddings
+        if capacity > limit:
+            raise ValueError(f"static engine: prompt + max_new_tokens needs {capacity} positions; the model has "
+                             f"{limit}")
+        return encoded, capacity
 
     def generate(self, prompts: Sequence[str], max_new_tokens: int, batch_size: int | None = None,
                  lengths: Sequence[int] | None = None) -> list[str]:
@@ -417,10 +426,8 @@ class StaticEngine:
             raise ValueError(f"static engine: batch_size must be >= 1, got {slots}")
         if not prompts:
             return []
-        encoded = self._encode(prompts)
-        if any(len(p) == 0 for p in encoded):
-            raise ValueError("static engine: a prompt encodes to no tokens")
-        decoder = self._decoder_for(max(len(p) for p in encoded) + max_new_tokens, slots)
+        encoded, capacity = self._encoded_with_capacity(prompts, max_new_tokens)
+        decoder = self._decoder_for(capacity, slots)
         with self._generating():
             limits = [max_new_tokens] * len(encoded) if lengths is None else list(lengths)
             return self._run(decoder, encoded, limits)
@@ -464,16 +471,9 @@ class StaticEngine:
             return [[] for _ in population]
         for seed, _ in population:
             noise.check_seed(seed)
-        encoded = self._encode(prompts)
-        if any(len(p) == 0 for p in encoded):
-            raise ValueError("static engine: a prompt encodes to no tokens")
-        capacity = max(len(p) for p in encoded) + max_new_tokens
-        if capacity > self.model.config.max_position_embeddings:
-            raise ValueError(f"static engine: prompt + max_new_tokens needs {capacity} positions; the model has "
-                             f"{self.model.config.max_position_embeddings}")
+        encoded, capacity = self._encoded_with_capacity(prompts, max_new_tokens)
         limits = [[max_new_tokens] * len(encoded)] * len(population) if lengths is None else [list(e) for e in lengths]
-        out, options = [], dict(span_bucket=self.span_bucket, fused=self.fused, attention=self.attention,
-                                launch=self.launch, stop_tokens=self.stops, trim_prefill=self.trim_prefill)
+        out, options = [], self._decoder_options()
         self._decoder = None  # one KV cache at a time
         per_call = len(population) if continuous else self.seeds_per_step
         with self._generating():

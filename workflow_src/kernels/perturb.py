@@ -70,6 +70,15 @@ def _fmix32(h):
     return h ^ (h >> 16)
 
 
+def _murmur3_key(key, seed):
+    """MurmurHash3_x86_32 of int64 keys as 8 little-endian bytes with a uint32 seed, in uint32 (wrapping): the
+    low word (truncation), then the high word, the key length, the finalizer."""
+    h = tl.full(key.shape, 0, tl.uint32) + seed
+    for word in tl.static_range(2):
+        h = _state_step(h ^ _key_mix((key >> (32 * word)).to(tl.uint32)))
+    return _fmix32(h ^ 8)
+
+
 def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
                       IN_KIND: tl.constexpr, OUT_KIND: tl.constexpr, BLOCK: tl.constexpr,
                       FROM_PTR: tl.constexpr = False, LITERAL: tl.constexpr = False, MASKED: tl.constexpr = True,
@@ -101,12 +110,7 @@ def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
     elif (SCHEME == 2) or LITERAL:
         # h = MurmurHash3_x86_32(key as 8 little-endian bytes, seed), in uint32; the key is the element's
         # index (scheme 0) or its word's index (scheme 2)
-        key = idx >> 5 if SCHEME == 2 else idx
-        h = tl.full([BLOCK], 0, tl.uint32) + seed.to(tl.uint32)
-        for word in tl.static_range(2):  # the low word (truncation), then the high word
-            h = _state_step(h ^ _key_mix((key >> (32 * word)).to(tl.uint32)))
-        h = h ^ 8  # the key length in bytes
-        h = _fmix32(h)
+        h = _murmur3_key(idx >> 5 if SCHEME == 2 else idx, seed.to(tl.uint32))
         if SCHEME == 2:
             flip = ((h >> (idx & 31).to(tl.uint32)) & 1) << 31
         else:
@@ -293,7 +297,8 @@ def _kernel(interpret: bool, body: str = "element"):
         raise ImportError("the perturb kernel needs triton (requirements.txt pins it)")
     body = _BODIES[body]
     # seed, offset, n and σ take any value: no recompilation per value (Triton would specialize on 1 and 16 | x)
-    (kernel,) = jit_in_mode(interpret, (body,), helpers=(_key_mix, _state_step, _fmix32, _seed_and_sigma_bits, _words_block),
+    (kernel,) = jit_in_mode(interpret, (body,), helpers=(_key_mix, _state_step, _fmix32, _murmur3_key, _seed_and_sigma_bits,
+                                                        _words_block),
                             do_not_specialize=("n", "offset", "seed", "sigma"))
     return kernel
 

@@ -36,7 +36,7 @@ try:
 except ImportError:  # pragma: no cover - the triton backend then raises
     triton = tl = None
 
-from workflow_src.kernels.perturb import _fmix32, _key_mix, _state_step
+from workflow_src.kernels.perturb import _fmix32, _key_mix, _murmur3_key, _state_step
 from workflow_src.kernels.triton_common import KIND, bits_view, jit_in_mode, load_f32, resolve_interpret, round_to
 from workflow_src.noise import schemes
 from workflow_src.noise import speedproof as noise
@@ -107,17 +107,9 @@ def _reference_rows(x, weight, bias, g: SeedRows, weight_offset, bias_offset, sc
     return F.linear(x, w, b)
 
 
-def _v2_hash(word, seed):
-    """speedproof-v2's h(seed, k) for int64 word indices k: MurmurHash3_x86_32 of k's 8 little-endian bytes."""
-    h = tl.full(word.shape, 0, tl.uint32) + seed
-    for half in tl.static_range(2):  # the low word, then the high word
-        h = _state_step(h ^ _key_mix((word >> (32 * half)).to(tl.uint32)))
-    return _fmix32(h ^ 8)  # the key length in bytes, then the finalizer
-
-
 def _v2_flip(index, seed):
     """R's sign bit (bit 31 set where R = −1) of each element at int64 global `index`, its own word hashed."""
-    return ((_v2_hash(index >> 5, seed) >> (index & 31).to(tl.uint32)) & 1) << 31
+    return ((_murmur3_key(index >> 5, seed) >> (index & 31).to(tl.uint32)) & 1) << 31
 
 
 def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr, sigma_ptr, N, w_offset, b_offset,
@@ -148,7 +140,7 @@ def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr
             if PERTURB_W:
                 if ALIGNED:  # a tile row's BLOCK_K weights are BLOCK_K / 32 whole words: one hash per word
                     words = ((w_offset + w_rows + k0) >> 5)[:, None] + tl.arange(0, BLOCK_K // 32)[None, :]
-                    h = tl.reshape(tl.broadcast_to(_v2_hash(words, seed)[:, :, None], [BLOCK_N, BLOCK_K // 32, 32]),
+                    h = tl.reshape(tl.broadcast_to(_murmur3_key(words, seed)[:, :, None], [BLOCK_N, BLOCK_K // 32, 32]),
                                    [BLOCK_N, BLOCK_K])
                     flip = ((h >> (rk & 31).to(tl.uint32)[None, :]) & 1) << 31
                 else:
@@ -184,7 +176,7 @@ def _kernel(interpret: bool):
     if triton is None:
         raise ImportError("the seeded linear kernel needs triton (requirements.txt pins it)")
     (kernel,) = jit_in_mode(interpret, (_seeded_linear_body,),
-                            helpers=(load_f32, round_to, _key_mix, _state_step, _fmix32, _v2_hash, _v2_flip),
+                            helpers=(load_f32, round_to, _key_mix, _state_step, _fmix32, _murmur3_key, _v2_flip),
                             do_not_specialize=("w_offset", "b_offset", "M_TILES"))
     return kernel
 
