@@ -128,3 +128,33 @@ def test_a_launch_whose_completions_the_scorer_cannot_read_fails_before_step_0(r
                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert proc.returncode != 0 and "reward.scorer.context" in proc.stderr and "nothing was recorded" in proc.stderr
     assert not (out / "steps.jsonl").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_a_gpu_scorer_answers_the_same_bits_with_requests_in_flight_together():
+    """The realistic preset's scorer (0.5B shape, bf16, 16 rows × 128 tokens) in 2 workers × 2 threads: requests
+    sent one at a time and the same requests sent 4 at a time get the same rewards, and a scorer of other
+    weights does not (the comparison can fail)."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = random.Random(0)
+    chunks = [[[rng.randrange(151_000) for _ in range(128)] for _ in range(16)] for _ in range(8)]
+
+    def scorer_spec(seed=0):
+        return resolve("reward", {"kind": "model", "scorer": {"architecture": "qwen2.5-0.5b", "dtype": "bfloat16",
+                                                              "device": "cuda", "seed": seed}})["scorer"]
+
+    def detail(client, ids):
+        return client.score_detail(["x"] * len(ids), ["1"] * len(ids), ids)["model"]
+
+    with RewardService(workers=2, threads=2, startup_timeout_s=120, scorer=scorer_spec()) as svc:
+        with RewardClient(svc.url) as client:
+            one_at_a_time = [detail(client, ids) for ids in chunks]
+        with RewardClient(svc.url) as client, ThreadPoolExecutor(4) as pool:
+            for _ in range(3):
+                assert list(pool.map(lambda ids: detail(client, ids), chunks)) == one_at_a_time
+    with RewardService(workers=1, threads=1, startup_timeout_s=120, scorer=scorer_spec(seed=1)) as other:
+        with RewardClient(other.url) as client:
+            assert detail(client, chunks[0]) != one_at_a_time[0]

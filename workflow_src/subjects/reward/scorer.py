@@ -12,11 +12,15 @@ batch a request happens to hold), or the `full` comparison's two sides would gra
 differently. So every forward has one shape, `rows` × `context` (a request is cut into chunks of `rows`
 completions, the last filled with empty rows, and every row right-padded to `context`): GEMMs of one shape
 round a row the same way whatever the other rows hold, and causal attention never reads a row's padding
-before its last token. The CPU thread count is the scorer's own (`threads`), not the service's.
+before its last token. The CPU thread count is the scorer's own (`threads`), not the service's. On a GPU the
+scorer runs under torch's deterministic algorithms (cuBLAS with a fixed workspace; no cuDNN attention, whose
+forward torch does not count as deterministic): with the default algorithms an H200 scored the same 16
+completions differently, one bf16 step in a few rows' logits, when two requests were in flight at once.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -35,8 +39,12 @@ class Scorer:
 
         from workflow_src.checkpoints.random_init import random_model
         from workflow_src.model.shapes import architecture
-        if spec["device"] == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError("reward.scorer.device is cuda but the reward service's worker sees no GPU")
+        if spec["device"] == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("reward.scorer.device is cuda but the reward service's worker sees no GPU")
+            # Process-wide, before the worker's first cuBLAS handle (read when a handle is made).
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
         torch.set_num_threads(spec["threads"])
         arch = architecture(spec["architecture"], spec["overrides"])
         cfg = Qwen2Config(**arch, use_cache=False, attn_implementation="sdpa", dtype=spec["dtype"])
