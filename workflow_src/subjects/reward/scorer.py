@@ -14,8 +14,10 @@ completions, the last filled with empty rows, and every row right-padded to `con
 round a row the same way whatever the other rows hold, and causal attention never reads a row's padding
 before its last token. The CPU thread count is the scorer's own (`threads`), not the service's. On a GPU the
 scorer runs under torch's deterministic algorithms (cuBLAS with a fixed workspace; no cuDNN attention, whose
-forward torch does not count as deterministic): with the default algorithms an H200 scored the same 16
-completions differently, one bf16 step in a few rows' logits, when two requests were in flight at once.
+forward torch does not count as deterministic). Without them, the realistic preset's 14-step comparison on an
+H200 failed at step 0: the optimized trainer's overlapped requests got three rewards of the same completions one
+bf16 step apart from the baseline's sequential ones. A run of isolated requests did not reproduce it; with these
+settings the same comparison holds bit for bit.
 """
 
 from __future__ import annotations

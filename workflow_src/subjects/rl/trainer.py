@@ -111,6 +111,11 @@ class Trainer:
             # cuBLAS is deterministic only with a fixed workspace; read when its first handle is made.
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            # An unpadded batch (every prompt one length) has no mask, and there production-mode SDPA picks cuDNN
+            # attention, which builds an execution plan for each new key length: the first such generation took
+            # ~4x a later one with the same shapes, a one-time cost that landed inside a timing window. Both
+            # sides run without it (deterministic runs exclude it anyway); docs/experiments.md.
+            torch.backends.cuda.enable_cudnn_sdp(False)
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
             self.device = torch.device("cpu")
