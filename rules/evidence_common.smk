@@ -8,14 +8,16 @@ def evidence_command(target):
     files = [Path(f) for f in workflow.config_settings.configfiles if not str(f).endswith("config/config.yaml")]
     # paths as the checkout names them, so the command reproduces the record in any clone
     files = [f.relative_to(Path.cwd()) if f.is_absolute() and f.is_relative_to(Path.cwd()) else f for f in files]
-    return " ".join(["snakemake --cores all", target] + [f"--configfile {f}" for f in files])
+    # one --configfile with every file: given again, the flag replaces the earlier files instead of adding to them
+    return " ".join(["snakemake --cores all", target] + (["--configfile", *map(str, files)] if files else []))
 
 
 def engine_bench_flags(wildcards):
     s = config["evidence"]["engine_bench"]
     flags = ["--shapes", *s["shapes"], "--engines", *s["engines"], "--prompts", s["prompts"], "--prompt-chars",
              s["prompt_chars"], "--new-tokens", s["new_tokens"], "--batch", s["batch"], "--seeds", s["seeds"],
-             "--repeats", s["repeats"], "--device", s["device"], "--seeds-per-step", *s["seeds_per_step"]]
+             "--repeats", s["repeats"], "--device", s["device"], "--seeds-per-step", *s["seeds_per_step"],
+             "--agreement", s["agreement"] if max(s["seeds_per_step"]) > 1 else 0]
     if s["population_engines"] is not None:
         flags += ["--population-engines", *s["population_engines"]]
     if s["lengths"] is not None:

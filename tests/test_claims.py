@@ -59,6 +59,22 @@ def record(tmp_path, bench_json, name):
     return out
 
 
+def test_a_population_decode_is_claimed_with_its_agreement_and_refused_where_its_weights_differ(bench_json):
+    """The workflow's population decode (reference backend on the CPU) gives one seed at a time's tokens; a bench
+    whose formed weights differ from the Perturber's makes no claim at all."""
+    bench = json.loads(bench_json.read_text())
+    by_id = {c["id"]: c for c in evidence.engine_claims("tiny", bench)}
+    share = by_id["tiny.0.5B.static+seeds_per_step=2+continuous.population_identical_share"]
+    assert share["median"] == 1.0 and "2 seeds × 4 prompts" in share["what"] and "first differ" not in share["what"]
+    agreement = bench["population"]["engines"]["static+seeds_per_step=2+continuous"]["agreement"]
+    agreement["first_difference_tokens"], agreement["identical_share"] = [3, 1], 0.75
+    text = {c["id"]: c for c in evidence.engine_claims("tiny", bench)}[share["id"]]["what"]
+    assert "first differ at token 1–3 (median 2)" in text and "the order of sums, not the weights" in text
+    agreement["formed_weights_equal"]["model.layers.0.mlp.up_proj.weight"] = False
+    with pytest.raises(ValueError, match="differ from the Perturber's in model.layers.0.mlp.up_proj.weight"):
+        evidence.engine_claims("tiny", bench)
+
+
 def test_a_record_holds_every_repeat_its_median_range_and_provenance(tmp_path, bench_json):
     rec = json.loads(record(tmp_path, bench_json, "tiny").read_text())
     assert rec["format"] == claims.FORMAT and rec["provenance"]["git"]["commit"] and rec["provenance"]["sources_sha256"]

@@ -202,6 +202,17 @@ def test_graph_replay_equals_eager_decode(model_and_tokenizer, prompts, attentio
         model.to("cpu")
 
 
+def test_population_agreement_counts_each_difference_from_the_token_where_it_starts():
+    from workflow_src.bench.engine import population_agreement, random_model
+    _, tok = random_model("0.5B", "cpu", tiny=True)
+    reference = {"seeds": [7, 8], "completions": {7: ["12+3", "45"], 8: ["9-1", "0"]}, "reference": "one seed",
+                 "formed_weights_equal": {"w": True}}
+    # seed 7's second completion differs at its second token, seed 8's first stops early; a third seed is not compared
+    got = population_agreement(reference, [["12+3", "44"], ["9-", "0"], ["1"]], tok)
+    assert (got["completions"], got["identical"], got["identical_share"]) == (4, 2, 0.5)
+    assert got["first_difference_tokens"] == [1, 2]
+
+
 def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
     import json
 
@@ -210,7 +221,7 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
     main(["--tiny", "--shapes", "0.5B", "--prompts", "5", "--prompt-chars", "12", "--new-tokens", "6",
           "--batch", "4", "--seeds", "3", "--profile", "3", "--device", "cpu", "--out", str(out),
           "--engines", "hf", "static", "static:span=4", "--population-engines", "static", "static:span=4",
-          "--seeds-per-step", "1", "2"])
+          "--seeds-per-step", "1", "2", "--agreement", "2"])
     doc = json.loads(out.read_text())
     engines = doc["shapes"]["0.5B"]["engines"]
     assert set(engines) == {"hf", "static", "static:span=4"}
@@ -228,6 +239,12 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
     assert (two["seeds_per_step"], two["scheme"], pop["seeds_per_step"]) == (2, "speedproof-v2", 1)
     times = two["runs"][0]["seed_seconds"]
     assert len(times) == 3 and times[0] == times[1] and two["statistic"] == "seeds_per_s_after_first"
+    # the first two seeds' completions against one seed at a time on the Perturber's weights: on the CPU (the
+    # reference backend) the same tokens, and the formed weights of the first layer's linears the same bits
+    agreement = two["agreement"]
+    assert (agreement["seeds"], agreement["completions"], agreement["identical_share"]) == (2, 2 * 5, 1.0)
+    assert agreement["first_difference_tokens"] == [] and "agreement" not in pop
+    assert len(agreement["formed_weights_equal"]) == 7 and all(agreement["formed_weights_equal"].values())
     assert two["median"] == pytest.approx(1 / times[2]) and two["runs"][0]["share_of_floor"] > 0
     # its floor reads the weights once a step for both seeds' rows: never below the one-seed-at-a-time floor (on
     # this CPU's ceilings the tiny model's steps are bound by arithmetic, which adds up: equal; tests/test_roofline.py)

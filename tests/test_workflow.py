@@ -134,6 +134,27 @@ def test_operator_preset_plans_the_receipt_at_real_sizes_and_its_record(tmp_path
     assert "results/evidence/operator-receipt-real-cuda/record.json" in proc.stdout
 
 
+@pytest.mark.parametrize("continuous", [False, True])
+def test_population_presets_plan_the_bench_with_several_seeds_per_step_and_the_agreement(tmp_path, continuous):
+    """config/presets/engine-bench-7b-population.yaml (and its continuous overlay): target engine_bench runs the
+    7B bench with 1, 2, 4 and 8 seeds per step and the agreement check, into a record of its own (a plan)."""
+    files = ["engine-bench-7b-population.yaml"] + (["engine-bench-7b-population-continuous.yaml"] if continuous else [])
+    claim = "engine-bench-population" + ("-continuous" if continuous else "")
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
+                           str(tmp_path), "engine_bench", "-n", "-p", "--cores", "2", "--configfile"]
+                          + [str(REPO / "config/presets" / f) for f in files],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--shapes 7B --engines static" in proc.stdout and "--seeds 8 " in proc.stdout
+    assert "--seeds-per-step 1 2 4 8 --agreement 2" in proc.stdout
+    assert ("--lengths histogram:config/lengths/gsm8k-like.csv" in proc.stdout) == continuous
+    assert ("--continuous" in proc.stdout) == continuous
+    assert f"results/evidence/{claim}/record.json" in proc.stdout
+    # the record's command gives every file after one --configfile, as this run did (the flag given again
+    # would replace the earlier files)
+    assert " ".join(["--configfile", *(str(REPO / "config/presets" / f) for f in files)]) + "'" in proc.stdout
+
+
 @pytest.mark.parametrize("preset, task, source", [("randopt-qwen2.5-7b-gsm8k.yaml", "gsm8k", "hf"),
                                                   ("randopt-qwen2.5-7b-math500-hard.yaml", "math500", "hf"),
                                                   ("randopt-qwen2.5-7b-random-h200.yaml", "synthetic_arithmetic",

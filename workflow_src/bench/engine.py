@@ -36,6 +36,10 @@ weights for good: list engines that do not pack before those that do.
 slots then free and refill at ragged times, and the floor follows its slot schedule (roofline.ragged_generation_work).
 The population is timed on the RandOpt speedrun's clock (switch, generation and grading, wall clock), `--repeats`
 times, with the median and range; its completions are re-encoded to count their tokens after the clock stops.
+`--agreement N` then checks each population decode (`--seeds-per-step` above 1) against one seed at a time: the
+first N seeds' completions against the single-seed engine's on the weights the Perturber writes for them (the
+share identical, and the token where each differing one first differs), and the weights formed in the first
+layer's linears against the written ones, bit for bit.
 `--tiny` swaps the shapes for a two-layer stand-in (for the CPU tests).
 """
 
@@ -187,6 +191,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--continuous", action="store_true",
                         help="with --seeds-per-step above 1: one queue over every seed's prompts, a freed slot taking "
                              "the next prompt of any seed (StaticEngine.generate_population's continuous schedule)")
+    parser.add_argument("--agreement", type=int, default=0, metavar="N",
+                        help="with --seeds-per-step above 1: compare the first N seeds' completions with the "
+                             "single-seed engine's on the same seeds' reconstructed weights, and the weights formed "
+                             "in the first layer's linears with the reconstructed ones (population_agreement)")
     parser.add_argument("--sigma", type=float, default=1e-3)
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                     help="profile N new tokens of the eager static engine on the last shape (top ops by time)")
@@ -201,6 +209,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--repeats must be >= 1")
     if any(s < 1 for s in args.seeds_per_step):
         parser.error("--seeds-per-step takes counts >= 1")
+    if not 0 <= args.agreement <= args.seeds:
+        parser.error(f"--agreement {args.agreement}: between 0 and --seeds ({args.seeds})")
     several = [e for e in args.population_engines or args.engines if not e.startswith("static")]
     if max(args.seeds_per_step) > 1 and several:
         parser.error(f"--seeds-per-step above 1 is the static engine's; {several} decode one seed at a time")
@@ -323,6 +333,7 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
             out += [floor(work, measured)["seconds"] / len(chunk)] * len(chunk)
         return out
     perturber = Perturber(model)
+    single: dict = {}  # engine name → single_seed_reference, made once for every seeds_per_step
     out = {"seeds": args.seeds, "sigma": args.sigma, "prompts": len(prompts), "lengths": args.lengths,
            "clock": "switch + generation + grading, wall clock", "floor_seeds_per_s": floor_seeds_per_s,
            "floor_seconds_per_seed": floors, "engines": {}}
@@ -349,20 +360,76 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
                     chunks = [seeds]
             continuous = per_step > 1 and args.continuous
             own = floors if per_step == 1 else chunk_floors(chunks, continuous, per_step)
+            completions: list = []
             out["engines"][label] = {"seeds_per_step": per_step, "scheme": scheme,
                                      "schedule": "continuous" if continuous else "blocks",
                                      "floor_seeds_per_s": len(seeds) / sum(own),
                                      **time_population(decode, chunks, grader, tok, own, floors, args.repeats, sync,
-                                                       label)}
+                                                       label, keep=completions)}
             perturber.restore_base()
+            if per_step > 1 and args.agreement:
+                if name not in single:
+                    single[name] = single_seed_reference(model, tok, name, args, prompts, draws,
+                                                         seeds[:args.agreement], weights, sync)
+                out["engines"][label]["agreement"] = population_agreement(single[name], completions, tok)
     return out
 
 
-def time_population(decode, chunks, grader, tok, floors, single_floors, repeats, sync, label) -> dict:
+def single_seed_reference(model, tok, name, args, prompts, draws, seeds, weights, sync) -> dict:
+    """What a population decode must reproduce, for `seeds`: each seed's completions from the single-seed engine
+    `name` on the weights the Perturber writes for it (the population's scheme), and whether the weights formed
+    in each linear of the first layer (and lm_head) equal those bit for bit: x = the identity through
+    `seeded_linear` gives W_sᵀ exactly (one product 1·w per sum), so a difference there is the weights', and a
+    token difference with equal weights comes from the order of sums."""
+    from workflow_src.engine.perturber import Perturber
+    from workflow_src.kernels.seeded_linear import SeedRows, seeded_linear
+    engine = bench_engine(name, model, tok, args.batch, ThroughputMeter(sync=sync))
+    perturber = Perturber(model, scheme=weights.scheme)
+    offsets = {n: offset for n, offset, _ in perturber.layout}
+    checked = [n for n in perturber.targets if n == "lm_head.weight"
+               or (n.startswith("model.layers.0.") and n.endswith("proj.weight"))]
+    completions, formed_equal = {}, {}
+    for seed in seeds:
+        perturber.apply(seed, args.sigma)
+        completions[seed] = engine.generate(prompts, args.new_tokens, lengths=draws[seed])
+        for n in checked:
+            base = perturber.base[n]
+            eye = torch.eye(base.shape[1], dtype=base.dtype, device=base.device)
+            got = seeded_linear(eye, base, None, [SeedRows(0, base.shape[1], seed, args.sigma)], offsets[n],
+                                scheme=weights.scheme, backend=weights.backend).T.contiguous()
+            same = torch.equal(got.view(torch.uint8), perturber.targets[n].view(torch.uint8))
+            formed_equal[n] = formed_equal.get(n, True) and same
+            del eye, got
+    perturber.restore_base()
+    return {"seeds": list(seeds), "completions": completions, "formed_weights_equal": formed_equal,
+            "reference": f"the single-seed {name} engine on {weights.scheme} weights written by the Perturber"}
+
+
+def population_agreement(reference: dict, completions: list, tok) -> dict:
+    """The population decode's completions of the reference's seeds (the population's first seeds, in order)
+    against the single-seed engine's: the share identical, and for each differing completion the token where it
+    first differs (greedy decoding: from there on the two continue from different tokens)."""
+    pairs = [(want, got) for seed, per_seed in zip(reference["seeds"], completions)
+             for want, got in zip(reference["completions"][seed], per_seed)]
+    first_differences = []
+    for want, got in pairs:
+        if want != got:
+            a, b = (tok(t, add_special_tokens=False)["input_ids"] for t in (want, got))
+            first_differences.append(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))))
+    return {"reference": reference["reference"], "seeds": len(reference["seeds"]), "completions": len(pairs),
+            "identical": len(pairs) - len(first_differences),
+            "identical_share": (len(pairs) - len(first_differences)) / len(pairs),
+            "first_difference_tokens": sorted(first_differences),
+            "formed_weights_equal": reference["formed_weights_equal"]}
+
+
+def time_population(decode, chunks, grader, tok, floors, single_floors, repeats, sync, label,
+                    keep: list | None = None) -> dict:
     """`repeats` runs of `decode` (a chunk of seeds → each seed's completions) over every chunk, grading each
     completion; a seed's seconds are its chunk's over the chunk's seeds. After the first chunk, which also
     captures the new engine's graphs, seeds/s and its share of the floor's over the same seeds: `floors` (the
-    schedule's own: several seeds per step read the weights once) and `single_floors` (one seed at a time)."""
+    schedule's own: several seeds per step read the weights once) and `single_floors` (one seed at a time).
+    `keep`: filled with the first run's completions, seed by seed."""
     import statistics
     runs = []
     for _ in range(repeats):
@@ -375,6 +442,8 @@ def time_population(decode, chunks, grader, tok, floors, single_floors, repeats,
             marks.append(time.perf_counter())
             outputs += per_seed  # counted after the loop: re-encoding is not the sampling loop's work
         sync()
+        if keep is not None and not runs:
+            keep.extend(outputs)
         generated = sum(len(ids) for completions in outputs
                         for ids in tok(completions, add_special_tokens=False)["input_ids"])
         seed_seconds = [(b - a_) / len(chunk) for a_, b, chunk in zip(marks, marks[1:], chunks) for _ in chunk]

@@ -8,7 +8,9 @@ and the provenance block every other artifact carries (docs/design.md §2). The 
         --claim engine-bench --command "snakemake --cores all engine_bench ..." --out results/evidence/engine-bench/record.json
 
 Kinds: `engine` (workflow_src/bench/engine.py's JSON): per shape and engine, generated tokens/s and its share of
-the roofline floor; for the population, seeds/s on the RandOpt speedrun's clock and its share of the floor.
+the roofline floor; for the population, seeds/s on the RandOpt speedrun's clock and its share of the floor, and
+for a population decode its completions' agreement with one seed at a time (refused where its formed weights
+differ from the Perturber's).
 `switch` (workflow_src/bench/perturb.py's JSONs, one per run): the weight switch's ms and share of the copy
 bandwidth per parameter set. `rl` (the workflow's own results: each comparison's `speedup.json` and the
 bitwise `comparison.json`): per comparison, the paired speedup of every A → optimized → B triple and its
@@ -102,6 +104,21 @@ def engine_claims(prefix: str, bench: Mapping[str, Any]) -> list[dict[str, Any]]
                 out.append(claim(f"{prefix}.{shape}.{name}.population_share_of_floor",
                                  f"the same population's seeds/s over {whose} "
                                  f"({e.get('floor_seeds_per_s', pop['floor_seeds_per_s']):.3f} seeds/s)", "share", shares))
+            agreement = e.get("agreement")
+            if agreement:
+                unequal = sorted(n for n, same in agreement["formed_weights_equal"].items() if not same)
+                if unequal:
+                    raise ValueError(f"engine bench population {name}: the weights it forms differ from the "
+                                     f"Perturber's in {', '.join(unequal)}: a fast wrong decode is no claim")
+                firsts = agreement["first_difference_tokens"]
+                where = (f"; the others first differ at token {min(firsts)}–{max(firsts)} (median "
+                         f"{statistics.median(firsts):g}), its formed weights bit-equal in the "
+                         f"{len(agreement['formed_weights_equal'])} checked linears: the order of sums, not the "
+                         "weights" if firsts else "")
+                out.append(claim(f"{prefix}.{shape}.{name}.population_identical_share",
+                                 f"share of the population decode's completions identical to {agreement['reference']}"
+                                 f" ({agreement['seeds']} seeds × {agreement['completions'] // agreement['seeds']} "
+                                 f"prompts, greedy){where}", "share", [agreement["identical_share"]]))
             single = [r["share_of_single_seed_floor"] for r in e["runs"] if "share_of_single_seed_floor" in r]
             if per_step > 1 and single:
                 out.append(claim(f"{prefix}.{shape}.{name}.population_share_of_single_seed_floor",
