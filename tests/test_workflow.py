@@ -84,20 +84,27 @@ def test_gpu_preset_plans_the_rl_evidence_only(tmp_path, preset):
     assert "--source random" in proc.stdout and "--scale real --device cuda" in proc.stdout
 
 
-@pytest.mark.parametrize("size", ["0.5b", "1.5b"])
+@pytest.mark.parametrize("size", ["0.5b", "1.5b", "0.5b-timing-modes"])
 def test_the_realistic_grpo_preset_plans_both_comparisons_and_the_gpu_busy_launches(tmp_path, size):
     """config/presets/rl-qwen2.5-0.5b-grpo-h200.yaml (and the 1.5B overlay after it): full and
     training_code_alone, each launch under its own reward service of the model kind, and two profiled launches
-    for training_code_alone's GPU busy shares."""
+    for training_code_alone's GPU busy shares; with rl-timing-modes.yaml after it, a third comparison, in
+    deterministic mode."""
     preset = REPO / "config/presets/rl-qwen2.5-0.5b-grpo-h200.yaml"
-    files = [str(preset)] + ([str(REPO / "config/presets/rl-qwen2.5-1.5b-grpo-h200.yaml")] if size == "1.5b" else [])
+    overlay = {"1.5b": "rl-qwen2.5-1.5b-grpo-h200.yaml", "0.5b-timing-modes": "rl-timing-modes.yaml"}.get(size)
+    files = [str(preset)] + ([str(REPO / "config/presets" / overlay)] if overlay else [])
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
                            str(tmp_path), "rl_evidence", "--configfile", *files, "-n", "-p", "--cores", "2"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = jobs_planned(proc)
-    assert jobs["speedup_launch"] == 2 and jobs["speedup_next_launch"] == 4 and jobs["rl_gpu_busy"] == 2
-    assert proc.stdout.count("--profile-steps 2") == 2 and "gpu_busy/optimized.json" in proc.stdout
+    assert jobs["rl_gpu_busy"] == 2 and proc.stdout.count("--profile-steps 2") == 2
+    if size == "0.5b-timing-modes":
+        assert jobs["speedup_launch"] == 3 and jobs["speedup_next_launch"] == 6 and jobs["paired_speedup"] == 3
+        assert "results/speedup/training_code_alone_deterministic/speedup.json" in proc.stdout
+        return
+    assert jobs["speedup_launch"] == 2 and jobs["speedup_next_launch"] == 4
+    assert "gpu_busy/optimized.json" in proc.stdout
     assert f"results/evidence/rl-paired-qwen2.5-{size}-grpo/record.json" in proc.stdout  # not the toy preset's name
     assert f"--steps {5 if size == '1.5b' else 6}" in proc.stdout
     if size == "1.5b":
