@@ -60,10 +60,15 @@ def record(tmp_path, bench_json, name):
 
 
 def test_a_population_decode_is_claimed_with_its_agreement_and_refused_where_its_weights_differ(bench_json):
-    """The workflow's population decode (reference backend on the CPU) gives one seed at a time's tokens; a bench
-    whose formed weights differ from the Perturber's makes no claim at all."""
+    """The workflow's population decode (reference backend on the CPU) gives one seed at a time's tokens, and its
+    time per decode step stands beside its floor's split; a bench whose formed weights differ from the
+    Perturber's makes no claim at all."""
     bench = json.loads(bench_json.read_text())
     by_id = {c["id"]: c for c in evidence.engine_claims("tiny", bench)}
+    step = by_id["tiny.0.5B.static+seeds_per_step=2+continuous.population_ms_per_decode_step"]
+    fl = bench["population"]["engines"]["static+seeds_per_step=2+continuous"]["floor"]
+    assert step["repeats"] == 3 and step["unit"] == "ms" and f"its {fl['decode_steps']} decode steps" in step["what"]
+    assert f"bound by {fl['decode_bound']}: weight reads" in step["what"]
     share = by_id["tiny.0.5B.static+seeds_per_step=2+continuous.population_identical_share"]
     assert share["median"] == 1.0 and "2 seeds × 4 prompts" in share["what"] and "first differ" not in share["what"]
     agreement = bench["population"]["engines"]["static+seeds_per_step=2+continuous"]["agreement"]

@@ -253,6 +253,12 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
     assert two["floor_seeds_per_s"] >= pop["floor_seeds_per_s"] * (1 - 1e-12)
     run = two["runs"][0]
     assert run["share_of_single_seed_floor"] >= run["share_of_floor"] * (1 - 1e-12)
+    # the schedule's roofline: one seed at a time, 3 × (5 decode steps of 4 rows, then 5 of 1); two seeds together
+    # share their steps (5 of 8 rows, then 5 of 2), then the third alone (5 of 4, 5 of 1)
+    assert (pop["floor"]["decode_steps"], pop["floor"]["mean_rows_per_decode_step"]) == (30, 75 / 30)
+    assert (two["floor"]["decode_steps"], two["floor"]["mean_rows_per_decode_step"]) == (20, 75 / 20)
+    assert two["floor"]["seconds"] == pytest.approx(3 / two["floor_seeds_per_s"])
+    assert run["seconds_per_decode_step"] == pytest.approx(run["seconds"] / 20)
     assert pop["statistic"] == "seeds_per_s_after_first" and pop["median"] == pop["runs"][0]["seeds_per_s_after_first"] > 0
     # each engine against the roofline floor of the same workload (bench/roofline.py; tests/test_roofline.py)
     assert doc["ceilings"]["copy"]["gb_per_s"] > 0 and doc["ceilings"]["matmul"]["tflop_per_s"] > 0

@@ -319,18 +319,18 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
     floors = [floor(works[s], measured)["seconds"] for s in seeds]
     floor_seeds_per_s = len(seeds) / sum(floors)
 
-    def chunk_floors(chunks, continuous: bool, per_step: int) -> list[float]:
-        """Each seed's share of its chunk's floor: the chunk's seeds decoding together (the base weights read
-        once a step for all their rows), in the blocks schedule or as one queue over the chunk's prompts."""
+    def chunk_works(chunks, continuous: bool, per_step: int) -> list[dict]:
+        """Each chunk's work: its seeds decoding together (the base weights read once a step for all their rows),
+        in the blocks schedule or as one queue over the chunk's prompts."""
         out = []
         for chunk in chunks:
             if continuous:
                 ends = [n for s in chunk for n in (draws[s] or [args.new_tokens] * len(prompts))]
-                work = ragged_generation_work(model, prompt_tokens * len(chunk), ends, args.batch * per_step)
+                out.append(ragged_generation_work(model, prompt_tokens * len(chunk), ends, args.batch * per_step))
             else:
-                work = together([ragged_generation_work(model, prompt_tokens, draws[s] or [args.new_tokens] * len(prompts),
-                                                        args.batch) for s in chunk])
-            out += [floor(work, measured)["seconds"] / len(chunk)] * len(chunk)
+                out.append(together([ragged_generation_work(model, prompt_tokens,
+                                                            draws[s] or [args.new_tokens] * len(prompts), args.batch)
+                                     for s in chunk]))
         return out
     perturber = Perturber(model)
     single: dict = {}  # engine name → single_seed_reference, made once for every seeds_per_step
@@ -359,13 +359,19 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
                 if args.continuous:  # the whole population is one schedule: one chunk, no first chunk to leave out
                     chunks = [seeds]
             continuous = per_step > 1 and args.continuous
-            own = floors if per_step == 1 else chunk_floors(chunks, continuous, per_step)
+            schedule = [works[s] for s in seeds] if per_step == 1 else chunk_works(chunks, continuous, per_step)
+            parts = [floor(w, measured) for w in schedule]
+            own = [part["seconds"] / len(chunk) for part, chunk in zip(parts, chunks) for _ in chunk]  # seed's share
             completions: list = []
+            timed = time_population(decode, chunks, grader, tok, own, floors, args.repeats, sync, label,
+                                    keep=completions)
+            steps = sum(w["decode_steps"] for w in schedule)
+            for run in timed["runs"]:
+                run["seconds_per_decode_step"] = run["seconds"] / steps
             out["engines"][label] = {"seeds_per_step": per_step, "scheme": scheme,
                                      "schedule": "continuous" if continuous else "blocks",
                                      "floor_seeds_per_s": len(seeds) / sum(own),
-                                     **time_population(decode, chunks, grader, tok, own, floors, args.repeats, sync,
-                                                       label, keep=completions)}
+                                     "floor": schedule_floor(schedule, parts), **timed}
             perturber.restore_base()
             if per_step > 1 and args.agreement:
                 if name not in single:
@@ -373,6 +379,21 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
                                                          seeds[:args.agreement], weights, sync)
                 out["engines"][label]["agreement"] = population_agreement(single[name], completions, tok)
     return out
+
+
+def schedule_floor(works: list[dict], parts: list[dict]) -> dict:
+    """A population schedule's roofline, summed over its generations (`works`, their `floor`s `parts`): its decode
+    steps and rows, the floor's seconds split into the decode's weight reads, KV reads and arithmetic (a wave
+    counts the slower of its reads and its arithmetic: `decode_bound` says which bound the waves) and the prefills'
+    arithmetic. A run's `seconds_per_decode_step` is its wall clock over these steps (prefills, switches and
+    grading included)."""
+    total = {key: sum(p[key] for p in parts) for key in ("seconds", "decode_s", "weights_s", "kv_s", "decode_flop_s",
+                                                          "prefill_s")}
+    bounds = sorted({b for p in parts for b in p["decode_bound"].split("/")})
+    steps = sum(w["decode_steps"] for w in works)
+    rows = sum(wave["rows"] * wave.get("steps", w["steps_per_wave"]) for w in works for wave in w["waves"])
+    return {"decode_steps": steps, "mean_rows_per_decode_step": rows / steps, "decode_bound": "/".join(bounds),
+            **total}
 
 
 def single_seed_reference(model, tok, name, args, prompts, draws, seeds, weights, sync) -> dict:

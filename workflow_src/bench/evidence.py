@@ -104,6 +104,16 @@ def engine_claims(prefix: str, bench: Mapping[str, Any]) -> list[dict[str, Any]]
                 out.append(claim(f"{prefix}.{shape}.{name}.population_share_of_floor",
                                  f"the same population's seeds/s over {whose} "
                                  f"({e.get('floor_seeds_per_s', pop['floor_seeds_per_s']):.3f} seeds/s)", "share", shares))
+            steps = [r["seconds_per_decode_step"] * 1e3 for r in e["runs"] if "seconds_per_decode_step" in r]
+            if steps:
+                fl = e["floor"]
+                out.append(claim(f"{prefix}.{shape}.{name}.population_ms_per_decode_step",
+                                 f"the same population's wall clock over its {fl['decode_steps']:,} decode steps "
+                                 f"(mean {fl['mean_rows_per_decode_step']:.0f} rows a step; prefills, switches and "
+                                 f"grading included); its roofline floor's decode is bound by {fl['decode_bound']}: "
+                                 f"weight reads {fl['weights_s']:.3g} s, KV reads {fl['kv_s']:.3g} s, arithmetic "
+                                 f"{fl['decode_flop_s']:.3g} s, prefills {fl['prefill_s']:.3g} s of its "
+                                 f"{fl['seconds']:.3g} s", "ms", steps))
             agreement = e.get("agreement")
             if agreement:
                 unequal = sorted(n for n, same in agreement["formed_weights_equal"].items() if not same)
