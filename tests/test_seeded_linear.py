@@ -69,6 +69,20 @@ def test_each_seeds_rows_are_its_own_linear_layer():
     torch.testing.assert_close(plain, F.linear(x, w0, b0), rtol=1e-5, atol=1e-6)
 
 
+def test_launches_over_other_groups_read_their_own_tables():
+    """The kernel's group tables are kept per set of groups (a decode step's linears share them): launches over
+    other seeds, σ and row splits, back and forth, each form their own weights."""
+    k = 64
+    w0 = base((48, k), torch.float32)
+    eye = torch.eye(k).repeat(2, 1)
+    for split in ([(7, 1e-3), (8, 1e-3)], [(7, -1e-3), (8, 1e-3)], [(8, 1e-3), (7, 1e-3)], [(7, 1e-3), (8, 1e-3)]):
+        groups = [SeedRows(i * k, k, seed, sigma) for i, (seed, sigma) in enumerate(split)]
+        y = seeded_linear(eye, w0, None, groups, 4096, backend="triton")
+        for i, (seed, sigma) in enumerate(split):
+            want = perturbed(w0, seed, sigma, 4096, "speedproof-v2")
+            assert torch.equal(y[i * k:(i + 1) * k].T.contiguous(), want), (split, i)
+
+
 def test_bad_input_is_refused():
     w0, x = base((8, 32), torch.bfloat16), base((4, 32), torch.bfloat16)
     ok = [SeedRows(0, 4, 1, 0.01)]

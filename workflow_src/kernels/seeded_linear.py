@@ -181,16 +181,26 @@ def _kernel(interpret: bool):
     return kernel
 
 
+@functools.lru_cache(maxsize=64)
+def _group_tables(groups: tuple[tuple[int, int, int, str], ...], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The launch's per-group tables (row0, rows, seed, σ as float.hex) on the device, made once for each set of
+    groups: every linear of a decode step (and every step while no slot changes seed) runs over the same groups,
+    and each table made anew would be a host-to-device copy, some 800 of them a step at the 7B shape. The kernel
+    only reads them."""
+    return (torch.tensor([g[0] for g in groups], dtype=torch.int32, device=device),
+            torch.tensor([g[1] for g in groups], dtype=torch.int32, device=device),
+            torch.tensor([g[2] for g in groups], dtype=torch.int64, device=device),
+            torch.tensor([noise.sigma_fp32(float.fromhex(g[3])) for g in groups], dtype=torch.float32, device=device))
+
+
 def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, block_m=32, block_n=64, block_k=64):
     M, K = x.shape
     N = weight.shape[0]
     x = x.contiguous()
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    device = x.device
-    row0 = torch.tensor([g.row0 for g in groups], dtype=torch.int32, device=device)
-    rows = torch.tensor([g.rows for g in groups], dtype=torch.int32, device=device)
-    seeds = torch.tensor([g.seed for g in groups], dtype=torch.int64, device=device)
-    sigmas = torch.tensor([noise.sigma_fp32(g.sigma) for g in groups], dtype=torch.float32, device=device)
+    # σ by its exact bits in the key (−0.0 == 0.0 as floats)
+    row0, rows, seeds, sigmas = _group_tables(tuple((g.row0, g.rows, g.seed, float(g.sigma).hex()) for g in groups),
+                                              x.device)
     m_tiles = triton.cdiv(max(g.rows for g in groups), block_m)
     aligned = weight_offset is not None and weight_offset % WORD == 0 and K % WORD == 0 and block_k % WORD == 0
     kind = KIND[x.dtype]
