@@ -65,6 +65,27 @@ def test_each_seed_decodes_as_the_single_seed_engine_on_its_weights(model_and_to
     assert phase["prompts"] == len(prompts) * len(POPULATION)
 
 
+def test_a_compacted_tail_keeps_each_rows_seed(model_and_tokenizer, prompts, monkeypatch):
+    """Under the continuous schedule the tail compacts (the GPU default; asked for here on the CPU): rows move to
+    lower slots, and each must take its seed along. The first seed's last prompts run long in slots 4–6 while
+    slots 0–3 pass on to the other seeds' short ones, so at the tail the first seed's rows move into slots last
+    used by another seed."""
+    model, tok = model_and_tokenizer
+    ends = [[2, 2, 2, 2, 16, 16, 16], [2, 2, 2, 2, 2, 2, 2], [3, 3, 3, 3, 3, 3, 3]]
+    moved = []
+    move = PopulationDecoder.move_slots
+    monkeypatch.setattr(PopulationDecoder, "move_slots",
+                        lambda self, src, dst, length=None: moved.append(len(src)) or move(self, src, dst, length))
+    engine = StaticEngine(copy.deepcopy(model), tok, 8, seeds_per_step=2)
+    want = engine.generate_population(prompts, POPULATION, 16, SeededWeights(engine.model), lengths=ends,
+                                      continuous=True)
+    compact = StaticEngine(copy.deepcopy(model), tok, 8, seeds_per_step=2, compact=True)
+    got = compact.generate_population(prompts, POPULATION, 16, SeededWeights(compact.model), lengths=ends,
+                                      continuous=True)
+    assert sum(moved) > 0  # the comparison covers moved rows
+    assert got == want
+
+
 def test_the_triton_backend_gives_the_reference_backends_tokens(model_and_tokenizer, prompts):
     """Interpreted: the same tokens as the reference backend wherever no near-tie meets the kernel's own order of
     sums (all of them on this model), with each seed's own lengths."""

@@ -307,6 +307,13 @@ class PopulationDecoder(SlotDecoder):
         for slot, item in zip(slots, items):
             self.slot_seed[slot] = item // self.prompts_per_seed
 
+    def move_slots(self, src: list[int], dst: list[int], length: int | None = None) -> None:
+        """SlotDecoder's, and each moved row keeps its seed (a compacted tail's rows land in slots another seed
+        may have used last)."""
+        super().move_slots(src, dst, length)
+        for s, d in zip(src, dst):
+            self.slot_seed[d] = self.slot_seed[s]
+
     def _groups(self, slots: Sequence[int]) -> list[SeedRows]:
         """One group per run of consecutive rows (the given slots, in order) whose slots decode one seed."""
         groups, row = [], 0
