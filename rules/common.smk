@@ -1,5 +1,6 @@
 # Shared helpers: config section files and the list of final outputs.
 import json
+import re
 
 EXP = config["experiment"]
 MODEL = config["checkpoint"]["name"]
@@ -7,6 +8,7 @@ RL_CLAIM = config["evidence"]["rl_claim"] or f"rl-paired-{MODEL}"  # the RL subj
 # the operator receipt's evidence record: its sizes and device name it
 OPERATOR_CLAIM = f"operator-receipt-{config['operators']['scale']}-{config['operators']['device']}"
 ENGINE_CLAIM = config["evidence"]["engine_bench"]["claim"]  # the engine comparison's record
+RANDOPT_CLAIM = config["evidence"]["randopt_claim"] or re.sub(r"[^a-z0-9.-]", "-", f"randopt-{EXP}".lower())
 CKPT_SOURCE = config["checkpoint"]["source"]
 
 
@@ -70,7 +72,8 @@ def rl_evidence_outputs():
 
 
 def randopt_evidence_outputs():
-    return ["results/env/environment.json", f"results/checkpoints/{MODEL}", f"results/randopt/{EXP}/record.appended"]
+    return ["results/env/environment.json", f"results/checkpoints/{MODEL}", f"results/randopt/{EXP}/record.appended",
+            f"results/evidence/{RANDOPT_CLAIM}/record.appended"]
 
 
 def experiment_sections():
@@ -86,4 +89,5 @@ def experiment_sections():
 def final_outputs():
     return report_outputs() + [f"results/manifests/{EXP}.json", f"results/randopt/{EXP}/record.appended",
                                f"results/evidence/{RL_CLAIM}/record.appended",
+                               f"results/evidence/{RANDOPT_CLAIM}/record.appended",
                                f"results/evidence/{OPERATOR_CLAIM}/record.appended", "results/summary.md"]

@@ -110,6 +110,27 @@ rule operator_evidence_record:
         " --out {output} > {log} 2>&1"
 
 
+# The RandOpt run's record as evidence (target randopt_evidence, and the default run).
+rule randopt_evidence_record:
+    input:
+        record=f"results/randopt/{EXP}/record.json",
+        sections=randopt_sections() + checkpoint_sections(),
+        environment="results/env/environment.json",
+    output:
+        f"results/evidence/{RANDOPT_CLAIM}/record.json",
+    params:
+        claim=RANDOPT_CLAIM,
+        command=evidence_command("randopt_evidence"),
+    log:
+        "results/logs/evidence/randopt_evidence_record.log",
+    conda:
+        "../envs/speedproof.yaml"
+    shell:
+        "python -m workflow_src.bench.evidence randopt --bench {input.record} --claim {params.claim}"
+        " --command {params.command:q} --environment {input.environment} --config-sections {input.sections}"
+        " --out {output} > {log} 2>&1"
+
+
 rule claims_append:
     input:
         "results/evidence/{claim}/record.json",

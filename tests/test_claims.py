@@ -184,13 +184,17 @@ def test_a_record_built_later_takes_its_inputs_provenance_and_refuses_mixed_code
 
 
 def test_randopt_records_become_claims_and_nothing_else_does():
-    """The randopt kind reads RandOpt records (the shipped design sweep of the embedded default): one base accuracy
-    and one ensemble-minus-base row per K and experiment, the CI and McNemar's p in the text; other inputs are
-    refused."""
-    rec = json.loads((REPO / "docs/evidence/randopt-default-sweep/record.json").read_text())
-    rows = evidence.randopt_claims("sweep", rec["raw"])
-    assert len(rows) == sum(1 + len(r["accuracy"]["sweep"]) for r in rec["raw"])
-    one = rec["raw"][0]
+    """The randopt kind reads RandOpt records (the shipped design sweep of the embedded default): one base accuracy,
+    one ensemble-minus-base row per K and one seeds/s row per experiment, the CI and McNemar's p in the text; other
+    inputs are refused."""
+    raws = [r for path in sorted((REPO / "docs/evidence").glob("randopt-default-sweep*/record.json"))
+            for r in json.loads(path.read_text())["raw"]]
+    rows = evidence.randopt_claims("sweep", raws)
+    assert len(raws) == 4 and len(rows) == sum(2 + len(r["accuracy"]["sweep"]) for r in raws)
+    speed = {c["id"]: c for c in rows if c["id"].endswith(".seeds_per_s")}
+    assert {c["values"][0] for c in speed.values()} == {r["seeds_per_s"] for r in raws}
+    assert all(c["unit"] == "seeds/s" and "speedrun's clock" in c["what"] for c in speed.values())
+    one = raws[0]
     k = one["accuracy"]["sweep"][-1]
     row = next(c for c in rows if c["id"] == f"sweep.{one['experiment']}.k{k['k']}.ensemble_minus_base")
     assert row["values"] == [k["delta"] * 100] and "McNemar p" in row["what"] and "paired bootstrap CI" in row["what"]

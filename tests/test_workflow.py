@@ -37,7 +37,7 @@ SPINE = {"config_section": 16, "environment": 1, "reward_environment": 1, "check
          "heldout_text": 1, "randopt_base": 1, "randopt_population": 2, "randopt_gather": 1, "randopt_topk_answers": 1,
          "randopt_select_vote": 1, "randopt_probes": 1, "randopt_bpb": 1, "randopt_sigma_stats": 1, "randopt_plots": 1,
          "randopt_record": 1, "randopt_records_table": 1, "rl_evidence_record": 1, "operator_evidence_record": 1,
-         "claims_append": 2, "run_summary": 1}
+         "randopt_evidence_record": 1, "claims_append": 3, "run_summary": 1}
 
 
 def smk(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -175,6 +175,8 @@ def test_randopt_preset_plans_the_randopt_evidence_only(tmp_path, preset, task, 
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = jobs_planned(proc)
     assert jobs["randopt_population"] >= 1 and jobs["randopt_record"] == 1 and jobs["randopt_evidence"] == 1
+    assert jobs["randopt_evidence_record"] == 1 and jobs["claims_append"] == 1
+    assert f"results/evidence/{preset.removesuffix('.yaml')}/record.json" in proc.stdout
     assert not {"speedup_launch", "speedup_next_launch", "deterministic_run", "operator_checks"} & set(jobs)
     assert f"--source {source}" in proc.stdout
     assert (source == "hf") == ("a09a35458c702b33eeacc393d103063234e8bc28" in proc.stdout)
@@ -191,6 +193,7 @@ def test_default_sweep_presets_plan_their_randopt_runs(tmp_path, preset):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert jobs_planned(proc)["randopt_record"] == 1 and '"engine": "static"' in proc.stdout
+    assert f"results/evidence/randopt-default-sweep-{preset}/record.json" in proc.stdout
 
 
 def test_vllm_overlay_plans_generation_in_the_vllm_environment(tmp_path):
@@ -284,6 +287,14 @@ def test_full_run_then_nothing_to_do(tiny_workflow):
 
     record = json.loads((res / "randopt/wftest/record.json").read_text())
     assert record["experiment"] == "wftest" and record["population"]["size"] == 4
+    # the RandOpt run as a record of the ledger: the base, each K's difference and the seeds/s, as the record says
+    ro = json.loads((res / "evidence/randopt-wftest/record.json").read_text())
+    by_id = {c["id"]: c for c in ro["claims"]}
+    assert ro["kind"] == "randopt" and ro["command"] == "snakemake --cores all randopt_evidence --configfile config.yaml"
+    assert by_id["randopt-wftest.wftest.seeds_per_s"]["values"] == [record["seeds_per_s"]]
+    assert by_id["randopt-wftest.wftest.k2.ensemble_minus_base"]["values"] == \
+        [record["accuracy"]["sweep"][0]["delta"] * 100]
+    assert all(f"`{i}`" in (res / "claims/CLAIMS.md").read_text() for i in by_id)
     rows = (res / "records/records.csv").read_text().splitlines()
     assert len(rows) == 2 and record["record_id"] in rows[1]
     assert f"| {record['record_id'][:8]} |" in (res / "records/RECORDS.md").read_text()

@@ -217,7 +217,8 @@ RANDOPT_FORMAT = "speedproof.randopt-record/1"
 
 def randopt_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per RandOpt record (results/randopt/{exp}/record.json): the base's test accuracy and, per K, the top-K
-    ensemble's accuracy minus the base's, with its paired bootstrap CI and McNemar's p in the claim's text."""
+    ensemble's accuracy minus the base's, with its paired bootstrap CI and McNemar's p in the claim's text; and
+    the population's seeds/s on the speedrun's clock where the record has it (one workflow run: one value)."""
     if not raws or any(r.get("format") != RANDOPT_FORMAT for r in raws):
         raise ValueError(f"randopt evidence: give RandOpt records ({RANDOPT_FORMAT})")
     out = []
@@ -234,6 +235,13 @@ def randopt_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[
                              f"{r['ci_level']:.0%} paired bootstrap CI [{r['ci_low'] * 100:+.2f}, "
                              f"{r['ci_high'] * 100:+.2f}] pp, McNemar p = {r['mcnemar_p']:.3g}, {noise}",
                              "pp", [r["delta"] * 100]))
+        if rec.get("seeds_per_s") is not None:
+            gen = rec.get("generation") or {}
+            out.append(claim(f"{prefix}.{exp}.seeds_per_s",
+                             f"RandOpt population of {pop['size']} seeds of {rec['model']['name']} on the "
+                             f"{gen.get('engine', 'configured')} engine, {rec['hardware']['summary']}: seeds/s by the "
+                             "speedrun's clock (switch, generation and grading of the train prompts, wall clock), "
+                             f"experiment {exp}", "seeds/s", [rec["seeds_per_s"]]))
     return out
 
 
