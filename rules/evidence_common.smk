@@ -17,7 +17,7 @@ def engine_bench_flags(wildcards):
     flags = ["--shapes", *s["shapes"], "--engines", *s["engines"], "--prompts", s["prompts"], "--prompt-chars",
              s["prompt_chars"], "--new-tokens", s["new_tokens"], "--batch", s["batch"], "--seeds", s["seeds"],
              "--repeats", s["repeats"], "--device", s["device"], "--seeds-per-step", *s["seeds_per_step"],
-             "--agreement", s["agreement"] if max(s["seeds_per_step"]) > 1 else 0]
+             "--agreement", s["agreement"]]
     if s["population_engines"] is not None:
         flags += ["--population-engines", *s["population_engines"]]
     if s["lengths"] is not None:

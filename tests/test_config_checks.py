@@ -83,9 +83,11 @@ def test_cross_field_problems_are_named_by_key_path():
     several = problems({"evidence": {"engine_bench": {"engines": ["vllm", "static"], "seeds_per_step": [2],
                                                       "lengths": None}}})
     assert len(several) == 1 and "seeds_per_step: 2 seeds per step is the static engine's" in several[0]
-    compared = problems({"evidence": {"engine_bench": {"seeds": 2, "agreement": 3}}})
+    compared = problems({"evidence": {"engine_bench": {"seeds": 2, "agreement": 3, "seeds_per_step": [1, 2]}}})
     assert compared == ["evidence.engine_bench.agreement: 3 seeds compared, but the population has 2 "
                         "(evidence.engine_bench.seeds)"]
+    # one seed at a time has nothing to compare: no population at all (the hf preset's seeds: 0) is fine
+    assert problems({"evidence": {"engine_bench": {"seeds": 0}}}) == []
 
 
 def test_comparison_settings_are_checked_against_the_rl_schema():

@@ -126,8 +126,8 @@ def bitwise_problems(config: dict[str, Any]) -> list[str]:
 
 def evidence_problems(config: dict[str, Any]) -> list[str]:
     """The engine bench's population runs engines it also compares; hf's generate cannot end each completion at
-    its own length, so it runs without a length model; several seeds per step are the static engine's; the
-    agreement check compares seeds the population has."""
+    its own length, so it runs without a length model; several seeds per step are the static engine's, and
+    their agreement check compares seeds the population has."""
     bench = config["evidence"]["engine_bench"]
     problems = []
     extra = sorted(set(bench["population_engines"] or []) - set(bench["engines"]))
@@ -142,7 +142,7 @@ def evidence_problems(config: dict[str, Any]) -> list[str]:
         problems.append(f"evidence.engine_bench.seeds_per_step: {max(bench['seeds_per_step'])} seeds per step is the "
                         f"static engine's population decode; {', '.join(several)} decode one seed at a time (set "
                         "population_engines to static ones)")
-    if bench["agreement"] > bench["seeds"]:
+    if max(bench["seeds_per_step"]) > 1 and bench["agreement"] > bench["seeds"]:
         problems.append(f"evidence.engine_bench.agreement: {bench['agreement']} seeds compared, but the population "
                         f"has {bench['seeds']} (evidence.engine_bench.seeds)")
     return problems

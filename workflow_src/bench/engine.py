@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--repeats must be >= 1")
     if any(s < 1 for s in args.seeds_per_step):
         parser.error("--seeds-per-step takes counts >= 1")
-    if not 0 <= args.agreement <= args.seeds:
+    if max(args.seeds_per_step) > 1 and not 0 <= args.agreement <= args.seeds:
         parser.error(f"--agreement {args.agreement}: between 0 and --seeds ({args.seeds})")
     several = [e for e in args.population_engines or args.engines if not e.startswith("static")]
     if max(args.seeds_per_step) > 1 and several:
@@ -409,18 +409,18 @@ def single_seed_reference(model, tok, name, args, prompts, draws, seeds, weights
     offsets = {n: offset for n, offset, _ in perturber.layout}
     checked = [n for n in perturber.targets if n == "lm_head.weight"
                or (n.startswith("model.layers.0.") and n.endswith("proj.weight"))]
+    eyes = {k: torch.eye(k, dtype=model.dtype, device=model.device)
+            for k in {perturber.base[n].shape[1] for n in checked}}  # one per input width, for every seed
     completions, formed_equal = {}, {}
     for seed in seeds:
         perturber.apply(seed, args.sigma)
         completions[seed] = engine.generate(prompts, args.new_tokens, lengths=draws[seed])
         for n in checked:
             base = perturber.base[n]
-            eye = torch.eye(base.shape[1], dtype=base.dtype, device=base.device)
-            got = seeded_linear(eye, base, None, [SeedRows(0, base.shape[1], seed, args.sigma)], offsets[n],
-                                scheme=weights.scheme, backend=weights.backend).T.contiguous()
+            got = seeded_linear(eyes[base.shape[1]], base, None, [SeedRows(0, base.shape[1], seed, args.sigma)],
+                                offsets[n], scheme=weights.scheme, backend=weights.backend).T.contiguous()
             same = torch.equal(got.view(torch.uint8), perturber.targets[n].view(torch.uint8))
             formed_equal[n] = formed_equal.get(n, True) and same
-            del eye, got
     perturber.restore_base()
     return {"seeds": list(seeds), "completions": completions, "formed_weights_equal": formed_equal,
             "reference": f"the single-seed {name} engine on {weights.scheme} weights written by the Perturber"}
