@@ -53,6 +53,7 @@ localrules:
     experiment_manifest,
     claims_append,
     engine_bench,
+    seeded_linear_bench,
     switch_bench,
     rl_evidence,
     randopt_evidence,

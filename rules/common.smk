@@ -8,6 +8,7 @@ RL_CLAIM = config["evidence"]["rl_claim"] or f"rl-paired-{MODEL}"  # the RL subj
 # the operator receipt's evidence record: its sizes and device name it
 OPERATOR_CLAIM = f"operator-receipt-{config['operators']['scale']}-{config['operators']['device']}"
 ENGINE_CLAIM = config["evidence"]["engine_bench"]["claim"]  # the engine comparison's record
+SEEDED_LINEAR_CLAIM = config["evidence"]["seeded_linear_bench"]["claim"]  # the seeded linear's launches
 RANDOPT_CLAIM = config["evidence"]["randopt_claim"] or re.sub(r"[^a-z0-9.-]", "-", f"randopt-{EXP}".lower())
 CKPT_SOURCE = config["checkpoint"]["source"]
 

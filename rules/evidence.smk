@@ -27,6 +27,33 @@ rule engine_bench_run:
         " --out {output.record} >> {log} 2>&1"
 
 
+rule seeded_linear_bench_run:
+    input:
+        section=section_file("evidence.seeded_linear_bench"),
+        environment="results/env/environment.json",
+    output:
+        bench=f"results/evidence/{SEEDED_LINEAR_CLAIM}/bench.json",
+        record=f"results/evidence/{SEEDED_LINEAR_CLAIM}/record.json",
+    params:
+        flags=seeded_linear_bench_flags,
+        claim=SEEDED_LINEAR_CLAIM,
+        command=evidence_command("seeded_linear_bench"),
+    log:
+        "results/logs/evidence/seeded_linear_bench.log",
+    benchmark:
+        "results/benchmarks/evidence/seeded_linear_bench.tsv"
+    resources:
+        gpu=1,
+    threads: workflow.cores
+    conda:
+        "../envs/speedproof.yaml"
+    shell:
+        "python -m workflow_src.bench.seeded_linear {params.flags} --out {output.bench} > {log} 2>&1"
+        " && python -m workflow_src.bench.evidence seeded_linear --bench {output.bench} --claim {params.claim}"
+        " --command {params.command:q} --environment {input.environment} --config-sections {input.section}"
+        " --out {output.record} >> {log} 2>&1"
+
+
 rule switch_bench_run:
     input:
         section=section_file("evidence.switch_bench"),
@@ -149,6 +176,12 @@ rule claims_append:
 rule engine_bench:
     input:
         f"results/evidence/{ENGINE_CLAIM}/record.appended",
+
+
+# Where a population decode's linear time goes, per seeded-linear launch, in the ledger.
+rule seeded_linear_bench:
+    input:
+        f"results/evidence/{SEEDED_LINEAR_CLAIM}/record.appended",
 
 
 # The RandOpt weight switch at real sizes, in the ledger.

@@ -17,7 +17,7 @@ def engine_bench_flags(wildcards):
     flags = ["--shapes", *s["shapes"], "--engines", *s["engines"], "--prompts", s["prompts"], "--prompt-chars",
              s["prompt_chars"], "--new-tokens", s["new_tokens"], "--batch", s["batch"], "--seeds", s["seeds"],
              "--repeats", s["repeats"], "--device", s["device"], "--seeds-per-step", *s["seeds_per_step"],
-             "--agreement", s["agreement"]]
+             "--agreement", s["agreement"], "--seeded-launch", s["seeded_launch"]]
     if s["population_engines"] is not None:
         flags += ["--population-engines", *s["population_engines"]]
     if s["lengths"] is not None:
@@ -26,6 +26,15 @@ def engine_bench_flags(wildcards):
         flags.append("--tiny")
     if s["continuous"]:
         flags.append("--continuous")
+    return " ".join(shlex.quote(str(f)) for f in flags)
+
+
+def seeded_linear_bench_flags(wildcards):
+    s = config["evidence"]["seeded_linear_bench"]
+    flags = ["--shape", s["shape"], "--seeds-per-step", *s["seeds_per_step"], "--rows", s["rows"], "--launches",
+             *s["launches"], "--repeats", s["repeats"], "--reps", s["reps"], "--device", s["device"]]
+    if s["tiny"]:
+        flags.append("--tiny")
     return " ".join(shlex.quote(str(f)) for f in flags)
 
 

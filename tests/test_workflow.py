@@ -432,7 +432,7 @@ def test_forcerun_reruns_rule_and_dependents_only(tiny_workflow):
 
 def test_config_change_reruns_only_what_reads_it(tiny_config_changed):
     # A copy of the full run, config.yaml's environment section set to conftest.ENVIRONMENT_CHANGE, dry-run
-    # (that plan is checked here), then run with --cores 2.
+    # (that plan is checked here), then its environment record rebuilt.
     workdir, dry_run = tiny_config_changed
     assert yaml.safe_load((workdir / "config.yaml").read_text())["environment"] == \
         {"on_pin_mismatch": "warn", "pins": {"torch": ">=2"}}

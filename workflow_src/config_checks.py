@@ -127,9 +127,22 @@ def bitwise_problems(config: dict[str, Any]) -> list[str]:
 def evidence_problems(config: dict[str, Any]) -> list[str]:
     """The engine bench's population runs engines it also compares; hf's generate cannot end each completion at
     its own length, so it runs without a length model; several seeds per step are the static engine's, and
-    their agreement check compares seeds the population has."""
+    their agreement check compares seeds the population has. Seeded-linear launches are ones the kernel takes,
+    and its bench compares S seeds with one."""
+    from workflow_src.kernels.seeded_linear import SeededLaunch
+
     bench = config["evidence"]["engine_bench"]
     problems = []
+    linears = config["evidence"]["seeded_linear_bench"]
+    for where, value in ([("evidence.engine_bench.seeded_launch", bench["seeded_launch"])]
+                         + [("evidence.seeded_linear_bench.launches", v) for v in linears["launches"]]):
+        try:
+            SeededLaunch.parse(value)
+        except ValueError as e:
+            problems.append(f"{where}: {e}")
+    if 1 not in linears["seeds_per_step"]:
+        problems.append(f"evidence.seeded_linear_bench.seeds_per_step {linears['seeds_per_step']}: include 1, the "
+                        "single seed the others are compared with")
     extra = sorted(set(bench["population_engines"] or []) - set(bench["engines"]))
     if extra:
         problems.append(f"evidence.engine_bench.population_engines: {', '.join(extra)} not among "

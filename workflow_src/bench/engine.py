@@ -62,6 +62,8 @@ from workflow_src.checkpoints.tokenizer import build_tokenizer
 from workflow_src.engine import ThroughputMeter, make_engine
 from workflow_src.engine.length_model import LengthModelError, parse
 from workflow_src.kernels.decode_attention import Launch
+from workflow_src.kernels.seeded_linear import DEFAULT_LAUNCH as DEFAULT_SEEDED_LAUNCH
+from workflow_src.kernels.seeded_linear import SeededLaunch
 from workflow_src.model.shapes import SHORT_NAMES, architecture
 from workflow_src.tasks import synthetic_arithmetic as task
 
@@ -195,6 +197,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="with --seeds-per-step above 1: compare the first N seeds' completions with the "
                              "single-seed engine's on the same seeds' reconstructed weights, and the weights formed "
                              "in the first layer's linears with the reconstructed ones (population_agreement)")
+    parser.add_argument("--seeded-launch", default=str(DEFAULT_SEEDED_LAUNCH), metavar="M/N/K/WARPS/STAGES",
+                        help="the population decode's seeded-linear launch on a GPU (kernels/seeded_linear.py)")
     parser.add_argument("--sigma", type=float, default=1e-3)
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                     help="profile N new tokens of the eager static engine on the last shape (top ops by time)")
@@ -203,6 +207,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
+    try:
+        SeededLaunch.parse(args.seeded_launch)
+    except ValueError as e:
+        parser.error(str(e))
     if args.population_engines and not set(args.population_engines) <= set(args.engines):
         parser.error(f"--population-engines {args.population_engines} must be among --engines {args.engines}")
     if args.repeats < 1:
@@ -349,7 +357,8 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
             else:
                 from workflow_src.engine.seeded_weights import SeededWeights
                 weights = SeededWeights(model, scheme="speedproof-v2",
-                                        backend="triton" if args.device == "cuda" else "reference")
+                                        backend="triton" if args.device == "cuda" else "reference",
+                                        launch=SeededLaunch.parse(args.seeded_launch))
 
                 def decode(chunk):
                     return engine.generate_population(prompts, [(s, args.sigma) for s in chunk], args.new_tokens,
@@ -372,6 +381,8 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
                                      "schedule": "continuous" if continuous else "blocks",
                                      "floor_seeds_per_s": len(seeds) / sum(own),
                                      "floor": schedule_floor(schedule, parts), **timed}
+            if per_step > 1:  # the order of the seeded linear's sums, which its tokens follow
+                out["engines"][label]["seeded_linear"] = {"backend": weights.backend, "launch": str(weights.launch)}
             perturber.restore_base()
             if per_step > 1 and args.agreement:
                 if name not in single:

@@ -21,6 +21,9 @@ speedup was not measured against the bit-identical run, is refused: a fast wrong
 ensemble's difference from it, with the paired bootstrap CI and McNemar's p in the claim's text.
 `operators` (the operator receipt, `results/operators/receipt.json`): per operator and over all, the share of its
 cases bit-equal to the reference, at the receipt's sizes and on its device.
+`seeded_linear` (workflow_src/bench/seeded_linear.py's JSON): per S seeds and seeded-linear launch, one decoder
+layer's linears forming each seed's weights in the kernel, its time, the part its forming costs, and its speedup
+over S single-seed layers on formed weights.
 """
 
 from __future__ import annotations
@@ -61,6 +64,11 @@ def _rates(engine: Mapping[str, Any]) -> list[float]:
     return engine.get("gen_tokens_per_s_runs") or [engine["gen_tokens_per_s"]]
 
 
+def _seeded_launch(engine: Mapping[str, Any]) -> str:
+    seeded = engine.get("seeded_linear")
+    return f" ({seeded['backend']} seeded linear, launch {seeded['launch']})" if seeded else ""
+
+
 def engine_claims(prefix: str, bench: Mapping[str, Any]) -> list[dict[str, Any]]:
     out = []
     args = bench["args"]
@@ -90,7 +98,7 @@ def engine_claims(prefix: str, bench: Mapping[str, Any]) -> list[dict[str, Any]]
             key, per_step = e["statistic"], e.get("seeds_per_step", 1)
             how = ("switch, generation, grading" if per_step == 1 else
                    f"{per_step} seeds decoding together ({e.get('schedule', 'blocks')} schedule), their {e['scheme']} "
-                   "weights formed from the base in each op; generation, grading")
+                   "weights formed from the base in each op" + _seeded_launch(e) + "; generation, grading")
             first = "seed" if per_step == 1 else f"{per_step} seeds"
             out.append(claim(f"{prefix}.{shape}.{name}.population_seeds_per_s",
                              f"RandOpt population of {pop['seeds']} seeds at {shape} on the {name} engine, "
@@ -266,6 +274,42 @@ def operator_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict
     return out
 
 
+SEEDED_LINEAR_FORMAT = "speedproof.seeded-linear-bench/1"
+
+
+def seeded_linear_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per S and launch: the layer's ms with each seed's weights formed in the kernel, the share of it that the
+    forming costs (seeded minus unperturbed, repeat by repeat), and its speedup over S single-seed layers."""
+    if len(raws) != 1 or raws[0].get("format") != SEEDED_LINEAR_FORMAT:
+        raise ValueError(f"seeded linear evidence: give one seeded-linear bench ({SEEDED_LINEAR_FORMAT})")
+    bench = raws[0]
+    args, out = bench["args"], []
+    where = (f"one {args['shape']}{' (tiny)' if args['tiny'] else ''} decoder layer's 7 linears, {args['rows']} rows a "
+             f"seed, {bench['dtype']}, {bench['scheme']} σ {bench['sigma']:g}")
+    for per_step, row in sorted(bench["seeds_per_step"].items(), key=lambda kv: int(kv[0])):
+        out.append(claim(f"{prefix}.S{per_step}.formed_ms", f"{per_step} seed(s)' rows through F.linear on weights "
+                         f"formed beforehand, each seed's read once ({where}; floor {row['formed']['floor']['ms']:.3g}"
+                         f" ms, bound by {row['formed']['floor']['bound']})", "ms", row["formed"]["ms_runs"]))
+        for launch, res in sorted(row["launches"].items()):
+            key = launch.replace("/", "-")
+            seeded, plain = res["seeded"]["ms_runs"], res["unperturbed"]["ms_runs"]
+            out.append(claim(f"{prefix}.S{per_step}.{key}.seeded_ms",
+                             f"{per_step} seed(s)' rows through the seeded-linear kernel (launch {launch}), each "
+                             f"seed's weights formed from the base in registers ({where}; floor "
+                             f"{row['floor_seeded']['ms']:.3g} ms, bound by {row['floor_seeded']['bound']})", "ms",
+                             seeded))
+            out.append(claim(f"{prefix}.S{per_step}.{key}.forming_share",
+                             f"share of that kernel's time its forming of the weights costs (its time less the "
+                             f"same launch's with nothing perturbed, {statistics.median(plain):.3g} ms)", "share",
+                             [(s - p) / s for s, p in zip(seeded, plain)]))
+            if "speedup_over_one_seed" in res:
+                out.append(claim(f"{prefix}.S{per_step}.{key}.speedup_over_one_seed",
+                                 f"{per_step} × one seed's F.linear layer over the {per_step} seeds' seeded-kernel "
+                                 "layer, repeat by repeat (above 1: a population decode's linears beat one seed "
+                                 "at a time)", "×", res["speedup_over_one_seed"]))
+    return out
+
+
 def _engine(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     if len(raws) != 1:
         raise ValueError("the engine bench repeats inside one run: give one --bench file")
@@ -273,7 +317,7 @@ def _engine(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, An
 
 
 KINDS = {"engine": _engine, "switch": switch_claims, "rl": rl_claims, "randopt": randopt_claims,
-         "operators": operator_claims}
+         "operators": operator_claims, "seeded_linear": seeded_linear_claims}
 
 
 def build_record(kind: str, claim_name: str, raws: Sequence[Mapping[str, Any]], prov: Mapping[str, Any],

@@ -23,7 +23,15 @@ import torch
 import torch.nn.functional as F
 
 from workflow_src.engine.perturber import SUPPORTED, select_parameters
-from workflow_src.kernels.seeded_linear import BACKENDS, TRITON_SCHEMES, SeedRows, perturbed, seeded_linear
+from workflow_src.kernels.seeded_linear import (
+    BACKENDS,
+    DEFAULT_LAUNCH,
+    TRITON_SCHEMES,
+    SeededLaunch,
+    SeedRows,
+    perturbed,
+    seeded_linear,
+)
 from workflow_src.model.lean_qwen2 import LeanQwen2
 from workflow_src.noise import schemes
 from workflow_src.noise import speedproof as noise
@@ -33,7 +41,8 @@ class SeededWeights:
     """The perturbed parameters' offsets, and the ops that form a group of rows' seed's values from the base."""
 
     def __init__(self, model: torch.nn.Module, include: Sequence[str] = ("*",), exclude: Sequence[str] = (),
-                 scheme: str = "speedproof-v2", backend: str = "reference"):
+                 scheme: str = "speedproof-v2", backend: str = "reference", launch: SeededLaunch = DEFAULT_LAUNCH):
+        """`launch`: the triton backend's tiles (kernels/seeded_linear.py's SeededLaunch)."""
         self._signs_at = schemes.signs_at_function(scheme)  # refuses the schemes a population decode cannot form
         if backend not in BACKENDS:
             raise ValueError(f"population decode: backend {backend!r}; known: {list(BACKENDS)}")
@@ -48,7 +57,7 @@ class SeededWeights:
         if not dtypes <= set(SUPPORTED):
             raise TypeError(f"population decode: the model's parameters are {sorted(map(str, dtypes))}; it forms "
                             "fp32, bf16 and fp16 weights")
-        self.scheme, self.backend = scheme, backend
+        self.scheme, self.backend, self.launch = scheme, backend, launch
         self.layout = schemes.layout(scheme, {n: p.data for n, p in params.items()})
         self._offset = {params[name].data_ptr(): offset for name, offset, _ in self.layout}
 
@@ -63,7 +72,7 @@ class SeededWeights:
         per_row = x[0].numel() // k if x.shape[0] else 1  # positions of a batch row
         flat = [SeedRows(g.row0 * per_row, g.rows * per_row, g.seed, g.sigma) for g in groups]
         y = seeded_linear(x.reshape(-1, k), weight, bias, flat, self.offset(weight), self.offset(bias),
-                          scheme=self.scheme, backend=self.backend)
+                          scheme=self.scheme, backend=self.backend, launch=self.launch)
         return y.view(*lead, weight.shape[0])
 
     def embedding(self, ids: torch.Tensor, weight: torch.Tensor, groups: list[SeedRows]) -> torch.Tensor:

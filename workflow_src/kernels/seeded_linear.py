@@ -47,6 +47,44 @@ WORD = 32  # elements per speedproof-v2 hash
 
 
 @dataclass(frozen=True)
+class SeededLaunch:
+    """How the triton backend is launched: rows, columns and inputs per tile, warps and pipeline stages. The
+    tile's width in K sets the order of each sum, so a seed's rows may differ in the last bits between launches
+    (the weights formed do not); a decode step's tokens follow the launch it ran with, and records name it.
+    BLOCK_M at or above a seed's rows forms each of its weight tiles once a launch; below, once per row tile."""
+    block_m: int = 32
+    block_n: int = 64
+    block_k: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"seeded linear: {name} {v} must be a power of two >= 16 (tl.dot's least tile)")
+        if self.block_k % WORD:
+            raise ValueError(f"seeded linear: block_k {self.block_k} must be whole {WORD}-weight hash words")
+        if self.num_warps < 1 or self.num_warps & (self.num_warps - 1) or self.num_stages < 1:
+            raise ValueError(f"seeded linear: bad launch {self}")
+
+    @classmethod
+    def parse(cls, value: str) -> "SeededLaunch":
+        """`block_m/block_n/block_k/num_warps/num_stages`, e.g. 64/128/64/8/3."""
+        parts = value.split("/")
+        if len(parts) != 5 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"seeded linear launch {value!r}: expected block_m/block_n/block_k/num_warps/"
+                             "num_stages, e.g. 64/128/64/8/3")
+        return cls(*map(int, parts))
+
+    def __str__(self) -> str:
+        return f"{self.block_m}/{self.block_n}/{self.block_k}/{self.num_warps}/{self.num_stages}"
+
+
+DEFAULT_LAUNCH = SeededLaunch()
+
+
+@dataclass(frozen=True)
 class SeedRows:
     """Rows row0 … row0 + rows − 1 of the input belong to `seed` at `sigma`."""
     row0: int
@@ -77,10 +115,11 @@ def perturbed(base: torch.Tensor, seed: int, sigma: float, offset: int, scheme: 
 
 def seeded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, groups: list[SeedRows],
                   weight_offset: int, bias_offset: int | None = None, scheme: str = "speedproof-v2",
-                  backend: str = "reference", interpret: bool | None = None) -> torch.Tensor:
+                  backend: str = "reference", interpret: bool | None = None,
+                  launch: SeededLaunch = DEFAULT_LAUNCH) -> torch.Tensor:
     """y [M, N] of x [M, K] for base weight [N, K] and base bias [N] (or None) at global index offsets
     `weight_offset` and `bias_offset` (noise.layout's; a parameter left unperturbed is passed as
-    `weight_offset=None` / `bias_offset=None` and used as it is)."""
+    `weight_offset=None` / `bias_offset=None` and used as it is). `launch`: the triton backend's."""
     schemes.check_scheme(scheme)
     if backend not in BACKENDS:
         raise ValueError(f"seeded linear: backend {backend!r}; known: {list(BACKENDS)}")
@@ -98,7 +137,7 @@ def seeded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if scheme not in TRITON_SCHEMES:
         raise ValueError(f"seeded linear: the triton backend forms the {', '.join(TRITON_SCHEMES)} scheme's "
                          f"weights, not {scheme!r} (use backend reference)")
-    return _triton(x, weight, bias, groups, weight_offset, bias_offset, resolve_interpret(x, interpret))
+    return _triton(x, weight, bias, groups, weight_offset, bias_offset, resolve_interpret(x, interpret), launch)
 
 
 def _reference_rows(x, weight, bias, g: SeedRows, weight_offset, bias_offset, scheme):
@@ -193,7 +232,8 @@ def _group_tables(groups: tuple[tuple[int, int, int, str], ...], device: torch.d
             torch.tensor([noise.sigma_fp32(float.fromhex(g[3])) for g in groups], dtype=torch.float32, device=device))
 
 
-def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, block_m=32, block_n=64, block_k=64):
+def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, launch: SeededLaunch):
+    block_m, block_n, block_k = launch.block_m, launch.block_n, launch.block_k
     M, K = x.shape
     N = weight.shape[0]
     x = x.contiguous()
@@ -202,7 +242,7 @@ def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, bloc
     row0, rows, seeds, sigmas = _group_tables(tuple((g.row0, g.rows, g.seed, float(g.sigma).hex()) for g in groups),
                                               x.device)
     m_tiles = triton.cdiv(max(g.rows for g in groups), block_m)
-    aligned = weight_offset is not None and weight_offset % WORD == 0 and K % WORD == 0 and block_k % WORD == 0
+    aligned = weight_offset is not None and weight_offset % WORD == 0 and K % WORD == 0
     kind = KIND[x.dtype]
     grid = (len(groups) * m_tiles, triton.cdiv(N, block_n))
     _kernel(interpret)[grid](
@@ -210,5 +250,5 @@ def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, bloc
         row0, rows, seeds, sigmas, N, weight_offset or 0, bias_offset or 0, m_tiles, K=K, KIND=kind,
         HAND=interpret and kind == 1, INTERP=interpret, PERTURB_W=weight_offset is not None, HAS_BIAS=bias is not None,
         PERTURB_B=bias is not None and bias_offset is not None, ALIGNED=aligned, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k)
+        BLOCK_K=block_k, num_warps=launch.num_warps, num_stages=launch.num_stages)
     return y

@@ -1,0 +1,85 @@
+"""Target seeded_linear_bench (bench/seeded_linear.py): one layer's linears with S seeds' weights formed in the
+kernel against S single-seed layers on formed weights, per launch, as a record whose claims the ledger takes;
+bad launches and an S list without the single seed are refused. On the CPU the kernel runs interpreted: these
+tests check what is measured and claimed, not its speed."""
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+from workflow_src.bench import evidence
+from workflow_src.bench import seeded_linear as bench
+from workflow_src.config_checks import evidence_problems
+from workflow_src.config_schema import resolve
+from workflow_src.kernels.seeded_linear import SeededLaunch
+
+
+def test_a_launch_is_parsed_and_checked():
+    assert SeededLaunch.parse("64/128/64/8/3") == SeededLaunch(64, 128, 64, 8, 3)
+    assert str(SeededLaunch.parse("64/128/64/8/3")) == "64/128/64/8/3"
+    for bad, match in [("64/128/64/8", "expected"), ("48/128/64/8/3", "power of two"), ("8/128/64/8/3", ">= 16"),
+                       ("64/128/16/8/3", "hash words"), ("64/128/64/3/3", "bad launch"), ("64/128/64/4/0", "bad launch")]:
+        with pytest.raises(ValueError, match=match):
+            SeededLaunch.parse(bad)
+
+
+def test_the_config_refuses_launches_the_kernel_cannot_take():
+    cfg = {"evidence": resolve("evidence", {"engine_bench": {"seeded_launch": "64/64/48/4/3"},
+                                            "seeded_linear_bench": {"launches": ["32/64/64/4/3", "32/64/64/4/0"],
+                                                                    "seeds_per_step": [2, 4]}})}
+    got = evidence_problems(cfg)
+    assert len(got) == 3
+    assert got[0].startswith("evidence.engine_bench.seeded_launch: seeded linear: block_k 48")
+    assert got[1].startswith("evidence.seeded_linear_bench.launches: seeded linear: bad launch")
+    assert "include 1" in got[2]
+    assert evidence_problems({"evidence": resolve("evidence", {})}) == []
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    """The target in a real workflow run on the CPU: a tiny layer, 2 rows a seed, S = 1 and 2."""
+    work = tmp_path_factory.mktemp("seeded_linear_bench")
+    cfg = work / "linears.yaml"
+    cfg.write_text(json.dumps({"evidence": {"seeded_linear_bench": {
+        "tiny": True, "device": "cpu", "shape": "0.5B", "rows": 2, "seeds_per_step": [2, 1], "repeats": 2, "reps": 1,
+        "launches": ["16/64/64/1/1"], "claim": "seeded-linear-cpu"}}}))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(work),
+                           "--cores", "2", "seeded_linear_bench", "--configfile", str(cfg)], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = work / "results/evidence/seeded-linear-cpu"
+    return {"bench": json.loads((out / "bench.json").read_text()), "record": json.loads((out / "record.json").read_text()),
+            "ledger": (work / "results/claims/CLAIMS.md").read_text()}
+
+
+def test_the_target_times_every_seed_count_and_launch_and_claims_them(bench_run):
+    doc, rec = bench_run["bench"], bench_run["record"]
+    assert doc["format"] == evidence.SEEDED_LINEAR_FORMAT and doc["scheme"] == "speedproof-v2"
+    assert list(doc["linears"]) == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert set(doc["seeds_per_step"]) == {"1", "2"}
+    one, two = doc["seeds_per_step"]["1"], doc["seeds_per_step"]["2"]
+    assert two["rows"] == 4 and list(two["launches"]) == ["16/64/64/1/1"]
+    # formed weights are read once per seed; the seeded kernel reads the base once
+    assert two["formed"]["floor"]["bytes_ms"] > two["floor_seeded"]["bytes_ms"]
+    res = two["launches"]["16/64/64/1/1"]
+    assert len(res["seeded"]["ms_runs"]) == 2 and res["seeded"]["range"] == sorted(res["seeded"]["ms_runs"])
+    assert res["speedup_over_one_seed"] == [2 * f / s for f, s in zip(one["formed"]["ms_runs"], res["seeded"]["ms_runs"])]
+    ids = {c["id"]: c for c in rec["claims"]}
+    assert ids["seeded-linear-cpu.S2.16-64-64-1-1.speedup_over_one_seed"]["values"] == res["speedup_over_one_seed"]
+    forming = ids["seeded-linear-cpu.S2.16-64-64-1-1.forming_share"]["values"]
+    assert forming == [(s - p) / s for s, p in zip(res["seeded"]["ms_runs"], res["unperturbed"]["ms_runs"])]
+    assert rec["command"] == "snakemake --cores all seeded_linear_bench --configfile linears.yaml"
+    assert "evidence.seeded_linear_bench" in rec["provenance"]["config_sections"]
+    assert "seeded-linear-cpu.S1.formed_ms" in bench_run["ledger"]
+
+
+def test_the_bench_and_its_record_refuse_bad_input(tmp_path, capsys):
+    for argv, match in [(["--seeds-per-step", "2", "4"], "must include 1"), (["--launches", "64/64/48/4/3"], "block_k"),
+                        (["--rows", "0"], "must be >= 1")]:
+        with pytest.raises(SystemExit):
+            bench.main(["--out", str(tmp_path / "x.json"), "--tiny", "--device", "cpu", *argv])
+        assert match in capsys.readouterr().err
+    with pytest.raises(ValueError, match="one seeded-linear bench"):
+        evidence.seeded_linear_claims("x", [{"format": "speedproof.engine-bench/1"}])

@@ -1,0 +1,170 @@
+"""Where a population decode step's linear layers spend their time, and whether S seeds' rows through one read of
+the base weights beat S single-seed steps.
+
+    python -m workflow_src.bench.seeded_linear --out linears.json [--shape 7B] [--seeds-per-step 1 2 4 8]
+        [--rows 128] [--launches 32/64/64/4/3 64/128/64/8/3] [--repeats 3] [--reps 20] [--tiny] [--device cuda]
+
+One decoder layer's seven linears (q, k, v with their biases, o, gate, up, down) at the shape's sizes in bf16
+(fp32 on the CPU), `--rows` rows per seed (a seed's slots in a population decode step), for each S of
+`--seeds-per-step`. Each repeat times, as the median of `--reps` calls between CUDA events (wall clock on the CPU):
+- `formed_ms`: every seed's rows through torch's F.linear on that seed's weights formed beforehand (the GEMMs of
+  S single-seed decode steps: each seed's weights read once per seed);
+- per launch of `--launches` (kernels/seeded_linear.py's SeededLaunch): `unperturbed_ms`, the seeded kernel with
+  nothing perturbed (its GEMM alone, the same row groups), and `seeded_ms`, the kernel forming each seed's
+  weights from the base in registers (what it forms costs the difference).
+Each measurement is set against its floor at the measured copy bandwidth and matrix rate (bench/roofline.py): the
+layer's bytes (weights once for the seeded kernel, once per seed for `formed`; rows in and out) or its arithmetic
+(2 FLOP per weight and row), whichever is slower. The figure that decides a population decode's linears:
+`speedup_over_one_seed` = S × `formed_ms` at S = 1 over `seeded_ms`, repeat by repeat (above 1: S seeds together
+take less than S steps of one seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from workflow_src.bench.fused_elementwise_check import times_ms
+from workflow_src.bench.roofline import ceilings
+from workflow_src.kernels.seeded_linear import DEFAULT_LAUNCH, SeededLaunch, SeedRows, perturbed, seeded_linear
+from workflow_src.model.shapes import SHORT_NAMES, architecture
+
+SHAPES = SHORT_NAMES
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1}
+SIGMA = 1e-3
+SCHEME = "speedproof-v2"
+
+
+def layer_linears(shape: str, tiny: bool, device: str, dtype: torch.dtype, seed: int = 0) -> list[dict]:
+    """The layer's linears: name, base weight [N, K] and bias (or None), random (std 0.02), and each parameter's
+    global index offset laid end to end in name order as noise.speedproof.layout lays a model's (whole hash words
+    at every Qwen2 shape)."""
+    arch = architecture(SHORT_NAMES[shape], TINY if tiny else None)
+    h, inter = arch["hidden_size"], arch["intermediate_size"]
+    d = h // arch["num_attention_heads"]
+    q, kv = arch["num_attention_heads"] * d, arch["num_key_value_heads"] * d
+    sizes = {"q_proj": (q, h, True), "k_proj": (kv, h, True), "v_proj": (kv, h, True), "o_proj": (h, q, False),
+             "gate_proj": (inter, h, False), "up_proj": (inter, h, False), "down_proj": (h, inter, False)}
+    g = torch.Generator(device=device).manual_seed(seed)
+    tensors = {}
+    for name, (n, k, has_bias) in sizes.items():
+        tensors[f"{name}.weight"] = (torch.randn(n, k, generator=g, device=device) * 0.02).to(dtype)
+        if has_bias:
+            tensors[f"{name}.bias"] = (torch.randn(n, generator=g, device=device) * 0.02).to(dtype)
+    offsets, at = {}, 0
+    for name in sorted(tensors):
+        offsets[name], at = at, at + tensors[name].numel()
+    return [{"name": name, "weight": tensors[f"{name}.weight"], "bias": tensors.get(f"{name}.bias"),
+             "weight_offset": offsets[f"{name}.weight"], "bias_offset": offsets.get(f"{name}.bias")}
+            for name in sizes]
+
+
+def layer_floor_ms(linears: list[dict], rows: int, weight_reads: int, measured: dict) -> dict:
+    """The layer's least time: its bytes (weights read `weight_reads` times, each linear's input rows read and
+    output rows written once) at the copy rate, or its arithmetic at the matrix rate, whichever is slower."""
+    weights = sum(lin["weight"].numel() + (lin["bias"].numel() if lin["bias"] is not None else 0) for lin in linears)
+    size = linears[0]["weight"].element_size()
+    rows_bytes = sum(rows * sum(lin["weight"].shape) * size for lin in linears)
+    flop = sum(2 * rows * lin["weight"].numel() for lin in linears)
+    bytes_ms = (weights * size * weight_reads + rows_bytes) / (measured["copy"]["gb_per_s"] * 1e6)
+    flop_ms = flop / (measured["matmul"]["tflop_per_s"] * 1e9)
+    return {"ms": max(bytes_ms, flop_ms), "bytes_ms": bytes_ms, "flop_ms": flop_ms,
+            "bound": "bytes" if bytes_ms >= flop_ms else "arithmetic"}
+
+
+def measure(linears: list[dict], seeds_per_step: list[int], rows: int, launches: list[SeededLaunch], repeats: int,
+            reps: int, device: str, measured: dict, seed: int = 1) -> dict:
+    """Every S's and launch's times (module doc), each repeat's median of `reps` calls, and their floors."""
+    seeds = list(range(1, max(seeds_per_step) + 1))
+    dtype = linears[0]["weight"].dtype
+    formed = {s: [(perturbed(lin["weight"], s, SIGMA, lin["weight_offset"], SCHEME),
+                   None if lin["bias"] is None else perturbed(lin["bias"], s, SIGMA, lin["bias_offset"], SCHEME))
+                  for lin in linears] for s in seeds}
+    out: dict = {}
+    for per_step in seeds_per_step:
+        x = {lin["name"]: (torch.randn(per_step * rows, lin["weight"].shape[1],
+                                       generator=torch.Generator(device=device).manual_seed(seed), device=device)
+                           * 0.5).to(dtype) for lin in linears}
+        groups = [SeedRows(i * rows, rows, s, SIGMA) for i, s in enumerate(seeds[:per_step])]
+
+        def formed_layer():
+            for i, s in enumerate(seeds[:per_step]):
+                for lin, (w, b) in zip(linears, formed[s]):
+                    F.linear(x[lin["name"]][i * rows:(i + 1) * rows], w, b)
+
+        def seeded_layer(launch: SeededLaunch, perturb: bool):
+            def run():
+                for lin in linears:
+                    seeded_linear(x[lin["name"]], lin["weight"], lin["bias"], groups,
+                                  lin["weight_offset"] if perturb else None, lin["bias_offset"] if perturb else None,
+                                  scheme=SCHEME, backend="triton", launch=launch)
+            return run
+
+        def timed(fn) -> dict:
+            values = [statistics.median(times_ms(fn, device, reps)) for _ in range(repeats)]
+            return {"ms_runs": values, "ms": statistics.median(values), "range": [min(values), max(values)]}
+
+        row = {"rows": per_step * rows, "formed": {**timed(formed_layer),
+                                                   "floor": layer_floor_ms(linears, per_step * rows, per_step, measured)},
+               "floor_seeded": layer_floor_ms(linears, per_step * rows, 1, measured), "launches": {}}
+        for launch in launches:
+            row["launches"][str(launch)] = {"unperturbed": timed(seeded_layer(launch, False)),
+                                            "seeded": timed(seeded_layer(launch, True))}
+        out[str(per_step)] = row
+    one = out.get("1")
+    if one is not None:  # S seeds together over S steps of one seed, repeat by repeat
+        for per_step, row in out.items():
+            for res in row["launches"].values():
+                res["speedup_over_one_seed"] = [int(per_step) * f / s for f, s in
+                                                zip(one["formed"]["ms_runs"], res["seeded"]["ms_runs"])]
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--shape", default="7B", choices=sorted(SHAPES))
+    parser.add_argument("--seeds-per-step", nargs="+", type=int, default=[1, 2, 4, 8], metavar="S")
+    parser.add_argument("--rows", type=int, default=128, help="rows per seed (its slots in a decode step)")
+    parser.add_argument("--launches", nargs="+", default=[str(DEFAULT_LAUNCH)],
+                        metavar="BLOCK_M/BLOCK_N/BLOCK_K/WARPS/STAGES")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=20, help="calls per repeat (their median is the repeat's time)")
+    parser.add_argument("--tiny", action="store_true", help="a stand-in of the shape a few hundred wide (CPU tests)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    try:
+        launches = [SeededLaunch.parse(v) for v in args.launches]
+    except ValueError as e:
+        parser.error(str(e))
+    if 1 not in args.seeds_per_step or any(s < 1 for s in args.seeds_per_step):
+        parser.error("--seeds-per-step takes counts >= 1 and must include 1 (the single seed it compares with)")
+    if args.rows < 1 or args.repeats < 1 or args.reps < 1:
+        parser.error("--rows, --repeats and --reps must be >= 1")
+    cuda = args.device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    linears = layer_linears(args.shape, args.tiny, args.device, dtype)
+    measured = ceilings(args.device, dtype)
+    doc = {"format": "speedproof.seeded-linear-bench/1", "device": args.device, "torch": torch.__version__,
+           "device_name": torch.cuda.get_device_name() if cuda else platform.processor(), "args": vars(args),
+           "dtype": str(dtype).removeprefix("torch."), "scheme": SCHEME, "sigma": SIGMA, "ceilings": measured,
+           "linears": {lin["name"]: list(lin["weight"].shape) for lin in linears},
+           "seeds_per_step": measure(linears, sorted(set(args.seeds_per_step)), args.rows, launches, args.repeats,
+                                     args.reps, args.device, measured)}
+    for per_step, row in doc["seeds_per_step"].items():
+        for launch, res in row["launches"].items():
+            print(f"S={per_step:>2} {launch:>16}: formed {row['formed']['ms']:.3f} ms, unperturbed "
+                  f"{res['unperturbed']['ms']:.3f} ms, seeded {res['seeded']['ms']:.3f} ms (floor "
+                  f"{row['floor_seeded']['ms']:.3f}), {statistics.median(res.get('speedup_over_one_seed') or [0]):.2f}x "
+                  "one seed at a time", flush=True)
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
