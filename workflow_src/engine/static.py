@@ -57,7 +57,7 @@ from workflow_src.engine.seeded_weights import SeededLean, SeededWeights
 from workflow_src.kernels.decode_attention import DEFAULT_LAUNCH, Launch, decode_attention
 from workflow_src.kernels.rope_cache import rope_cache as rope_cache_fused
 from workflow_src.kernels.rope_cache import rope_cache_reference
-from workflow_src.kernels.seeded_linear import SeedRows
+from workflow_src.kernels.seeded_linear import SeedRows, group_tables
 from workflow_src.kernels.swiglu import silu_mul
 from workflow_src.model.graph_capture import safe_capture
 from workflow_src.model.greedy import stop_token_ids
@@ -121,8 +121,8 @@ class SlotDecoder:
         self.stop_ids = torch.tensor(self.stop_tokens, dtype=torch.long, device=device)
         self.key_index = torch.arange(capacity, device=device)
         self.graphs = graphs and device.type == "cuda"
-        # (what, rows, span) -> (graph, its output): what is "logits" (decode) or "tokens" (advance)
-        self._graphs: dict[tuple[str, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # _graph_key (what, rows, span …) -> (graph, its output): what is "logits" (decode) or "tokens" (advance)
+        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     def _make_lean(self, model: PreTrainedModel, slots: int, capacity: int, fused: bool) -> LeanQwen2:
         return LeanQwen2(model, slots, capacity, fused=fused)
@@ -242,12 +242,16 @@ class SlotDecoder:
         fn = self._step if what == "logits" else self._advance
         if not self.graphs:
             return fn(span, rows)
-        key = (what, rows, span)
+        key = self._graph_key(what, rows, span)
         if key not in self._graphs:
             self._graphs[key] = self._capture(fn, span, rows)
         graph, out = self._graphs[key]
         graph.replay()
         return out
+
+    def _graph_key(self, what: str, rows: int, span: int) -> tuple:
+        """What sets a step's graph apart from the others: one is captured for each key."""
+        return (what, rows, span)
 
     @torch.no_grad()
     def move_slots(self, src: list[int], dst: list[int], length: int | None = None) -> None:
@@ -288,17 +292,22 @@ class PopulationDecoder(SlotDecoder):
     (docs/randopt.md, "Population decode"): each slot decodes with the weights of the seed whose prompt it was
     given last (`admitted`), formed from the model's base weights inside each op (engine/seeded_weights.py). The
     prompts of one seed admitted together prefill on their own, as the single-seed engine's would; a step runs
-    every slot's row together, one group per run of slots of one seed. No CUDA graphs and no packed projections
-    (the ops read per-step seed tables and each parameter by its own address)."""
+    every slot's row together, one group per run of slots of one seed. No packed projections (the ops read each
+    parameter by its own address)."""
 
     def __init__(self, model: PreTrainedModel, slots: int, seeds: Sequence[tuple[int, float]], prompts_per_seed: int,
-                 capacity: int, weights: SeededWeights, **options):
+                 capacity: int, weights: SeededWeights, graphs: bool = False, **options):
         """`seeds`: the population's (seed, σ); item i of the engine's queue is prompt i % prompts_per_seed under
-        seed i // prompts_per_seed."""
+        seed i // prompts_per_seed. `graphs`: on a GPU with the triton backend, each step as a CUDA graph, one per
+        arrangement of the slots' seeds (the seeds and σ are part of what a graph replays: the embedding and
+        norms take them as values, the GEMM kernel from tables on the device); the reference backend
+        reconstructs each seed's weights in every call and runs eager."""
         self.weights = weights
-        super().__init__(model, slots, capacity, graphs=False, packed=False, **options)
+        super().__init__(model, slots, capacity, graphs=graphs and weights.backend == "triton", packed=False,
+                         **options)
         self.seeds, self.prompts_per_seed = list(seeds), prompts_per_seed
         self.slot_seed = [0] * slots  # index into seeds of each slot's seed (its last one, once its sequence ended)
+        self._replayed_tables: list = []
 
     def _make_lean(self, model: PreTrainedModel, slots: int, capacity: int, fused: bool) -> LeanQwen2:
         return SeededLean(model, slots, capacity, self.weights)
@@ -313,6 +322,15 @@ class PopulationDecoder(SlotDecoder):
         super().move_slots(src, dst, length)
         for s, d in zip(src, dst):
             self.slot_seed[d] = self.slot_seed[s]
+
+    def _graph_key(self, what: str, rows: int, span: int) -> tuple:
+        return (what, rows, span, tuple(self.slot_seed[:rows]))
+
+    def _capture(self, fn, span: int, rows: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        graph, out = super()._capture(fn, span, rows)
+        # the GEMM kernel's tables of the step's groups, which the graph reads where they lie: kept while it lives
+        self._replayed_tables.append(group_tables(self.lean.groups, self.tokens.device))
+        return graph, out
 
     def _groups(self, slots: Sequence[int]) -> list[SeedRows]:
         """One group per run of consecutive rows (the given slots, in order) whose slots decode one seed."""
@@ -487,7 +505,9 @@ class StaticEngine:
             for at in range(0, len(population), per_call):
                 chunk = list(population[at:at + per_call])
                 slots = self.batch_size if continuous else self.batch_size // self.seeds_per_step * len(chunk)
-                decoder = PopulationDecoder(self.model, slots, chunk, len(encoded), capacity, weights, **options)
+                # the continuous schedule's seed groups change with each admission: a graph would rarely replay
+                decoder = PopulationDecoder(self.model, slots, chunk, len(encoded), capacity, weights,
+                                            graphs=self.graphs and not continuous, **options)
                 ends = [n for seed_limits in limits[at:at + len(chunk)] for n in seed_limits]
                 texts = self._run(decoder, encoded * len(chunk), ends, lanes=1 if continuous else len(chunk))
                 out += [texts[b * len(encoded):(b + 1) * len(encoded)] for b in range(len(chunk))]

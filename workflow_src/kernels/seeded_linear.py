@@ -232,15 +232,20 @@ def _group_tables(groups: tuple[tuple[int, int, int, str], ...], device: torch.d
             torch.tensor([noise.sigma_fp32(float.fromhex(g[3])) for g in groups], dtype=torch.float32, device=device))
 
 
+def group_tables(groups: list[SeedRows], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The triton backend's device tables of these groups, the very tensors its launches over them read (a
+    CUDA graph that replays such a launch must keep them: `_group_tables`' cache may drop them)."""
+    # σ by its exact bits in the key (−0.0 == 0.0 as floats)
+    return _group_tables(tuple((g.row0, g.rows, g.seed, float(g.sigma).hex()) for g in groups), device)
+
+
 def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, launch: SeededLaunch):
     block_m, block_n, block_k = launch.block_m, launch.block_n, launch.block_k
     M, K = x.shape
     N = weight.shape[0]
     x = x.contiguous()
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    # σ by its exact bits in the key (−0.0 == 0.0 as floats)
-    row0, rows, seeds, sigmas = _group_tables(tuple((g.row0, g.rows, g.seed, float(g.sigma).hex()) for g in groups),
-                                              x.device)
+    row0, rows, seeds, sigmas = group_tables(groups, x.device)
     m_tiles = triton.cdiv(max(g.rows for g in groups), block_m)
     aligned = weight_offset is not None and weight_offset % WORD == 0 and K % WORD == 0
     kind = KIND[x.dtype]
