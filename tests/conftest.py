@@ -158,3 +158,23 @@ def tiny_workflow(request, tmp_path_factory):
 def tiny_config_changed(tiny_workflow):
     """(directory, dry-run process) of TinyWorkflow.config_changed()."""
     return tiny_workflow.config_changed().result()
+
+
+# --- the suite over two workers (pytest-xdist, `-n 2 --dist loadgroup` in pyproject.toml) ---------------------
+
+# Modules whose tests share one session run or one service: all of each module on one worker. The tiny workflow
+# runs once (tests/test_workflow.py checks it, tests/test_slurm.py compares its SLURM run with it, and that
+# module's tests share one SLURM cluster).
+ONE_WORKER_MODULES = {"test_workflow.py", "test_slurm.py"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(config, items):
+    grouped = [item for item in items if item.path.name in ONE_WORKER_MODULES
+               or {"tiny_workflow", "tiny_config_changed"} & set(getattr(item, "fixturenames", ()))]
+    for item in grouped:
+        item.add_marker(pytest.mark.xdist_group("tiny_workflow"))
+    # the group is the suite's longest line of work (the SLURM run beside the local runs): first, so the other
+    # worker takes the rest meanwhile
+    first = set(map(id, grouped))
+    items[:] = grouped + [item for item in items if id(item) not in first]
