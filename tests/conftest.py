@@ -160,21 +160,16 @@ def tiny_config_changed(tiny_workflow):
     return tiny_workflow.config_changed().result()
 
 
-# --- the suite over two workers (pytest-xdist, `-n 2 --dist loadgroup` in pyproject.toml) ---------------------
+# --- the suite over two workers (pytest-xdist, `make test`: -n 2 --dist loadfile --no-loadscope-reorder) --------
 
-# Modules whose tests share one session run or one service: all of each module on one worker. The tiny workflow
-# runs once (tests/test_workflow.py checks it, tests/test_slurm.py compares its SLURM run with it, and that
-# module's tests share one SLURM cluster).
-ONE_WORKER_MODULES = {"test_workflow.py", "test_slurm.py"}
+# The files that run the tiny workflow (tests/test_slurm.py's SLURM run beside its local runs, tests/test_workflow.py's
+# checks of them) are the suite's longest lines of work: collected first, so each starts at once on a worker of its
+# own while the other files fill in behind them. A worker keeps a file's tests together (loadfile) and makes its own
+# session fixtures: each of the two workers makes its own run of the tiny workflow.
+FIRST_FILES = ("test_slurm.py", "test_workflow.py")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
-    grouped = [item for item in items if item.path.name in ONE_WORKER_MODULES
-               or {"tiny_workflow", "tiny_config_changed"} & set(getattr(item, "fixturenames", ()))]
-    for item in grouped:
-        item.add_marker(pytest.mark.xdist_group("tiny_workflow"))
-    # the group is the suite's longest line of work (the SLURM run beside the local runs): first, so the other
-    # worker takes the rest meanwhile
-    first = set(map(id, grouped))
-    items[:] = grouped + [item for item in items if id(item) not in first]
+    first = [item for name in FIRST_FILES for item in items if item.path.name == name]
+    taken = set(map(id, first))
+    items[:] = first + [item for item in items if id(item) not in taken]
