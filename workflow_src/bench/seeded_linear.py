@@ -33,6 +33,7 @@ from workflow_src.bench.fused_elementwise_check import times_ms
 from workflow_src.bench.roofline import ceilings
 from workflow_src.kernels.seeded_linear import DEFAULT_LAUNCH, SeededLaunch, SeedRows, perturbed, seeded_linear
 from workflow_src.model.shapes import SHORT_NAMES, architecture
+from workflow_src.noise import schemes
 
 SHAPES = SHORT_NAMES
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1}
@@ -42,8 +43,7 @@ SCHEME = "speedproof-v2"
 
 def layer_linears(shape: str, tiny: bool, device: str, dtype: torch.dtype, seed: int = 0) -> list[dict]:
     """The layer's linears: name, base weight [N, K] and bias (or None), random (std 0.02), and each parameter's
-    global index offset laid end to end in name order as noise.speedproof.layout lays a model's (whole hash words
-    at every Qwen2 shape)."""
+    global index offset in the scheme's layout of the layer's parameters (whole hash words at every Qwen2 shape)."""
     arch = architecture(SHORT_NAMES[shape], TINY if tiny else None)
     h, inter = arch["hidden_size"], arch["intermediate_size"]
     d = h // arch["num_attention_heads"]
@@ -56,9 +56,7 @@ def layer_linears(shape: str, tiny: bool, device: str, dtype: torch.dtype, seed:
         tensors[f"{name}.weight"] = (torch.randn(n, k, generator=g, device=device) * 0.02).to(dtype)
         if has_bias:
             tensors[f"{name}.bias"] = (torch.randn(n, generator=g, device=device) * 0.02).to(dtype)
-    offsets, at = {}, 0
-    for name in sorted(tensors):
-        offsets[name], at = at, at + tensors[name].numel()
+    offsets = {name: offset for name, offset, _ in schemes.layout(SCHEME, tensors)}
     return [{"name": name, "weight": tensors[f"{name}.weight"], "bias": tensors.get(f"{name}.bias"),
              "weight_offset": offsets[f"{name}.weight"], "bias_offset": offsets.get(f"{name}.bias")}
             for name in sizes]
