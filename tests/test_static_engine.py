@@ -402,6 +402,31 @@ def test_move_slots_moves_each_slot_whole(model_and_tokenizer):
         assert torch.equal(new[3, :, :5], old[1, :, :5]) and torch.equal(new[3, :, 5:], old[3, :, 5:])
 
 
+@pytest.mark.parametrize("what", ["tokens", "logits"])
+def test_a_capture_warm_up_leaves_what_later_steps_read(model_and_tokenizer, prompts, what):
+    """A graph's warm-up runs the step before it is captured; what a slot has written (its prompt's keys and
+    values, below its position) and the decode state stay as they were, so the first replay reads what an eager
+    step would. Slots whose sequences end at the first warm-up run are the case: `_advance` parks them at
+    position 0, and a second run fed there would write over their prompts' first keys."""
+    from workflow_src.engine.static import SlotDecoder
+    model, tok = model_and_tokenizer
+    dec = SlotDecoder(model, 4, 64, graphs=False)
+    encoded = [tok(p)["input_ids"] for p in prompts[:4]]
+    first = dec.prefill(encoded, [0, 1, 2, 3]).argmax(-1)
+    dec.tokens.copy_(first)
+    dec.positions.copy_(torch.tensor([len(e) for e in encoded]))
+    dec.live.fill_(1)
+    dec.left.copy_(torch.tensor([1, 1, 5, 5]))  # slots 0 and 1 end at the first run
+    state = [t.clone() for t in (dec.tokens, dec.positions, dec.live, dec.left)]
+    written = [[c[s, :, :len(e)].clone() for c in (*dec.lean.k, *dec.lean.v)] for s, e in enumerate(encoded)]
+    fn = dec._advance if what == "tokens" else dec._step
+    with torch.no_grad():
+        dec._warm_up(fn, dec.span(max(len(e) for e in encoded)), 4)
+    assert all(torch.equal(t, saved) for t, saved in zip((dec.tokens, dec.positions, dec.live, dec.left), state))
+    for s, e in enumerate(encoded):
+        assert all(torch.equal(c[s, :, :len(e)], w) for c, w in zip((*dec.lean.k, *dec.lean.v), written[s]))
+
+
 def test_prompts_are_encoded_once_for_repeated_calls(model_and_tokenizer, prompts):
     """A population asks for the same prompts every seed: they are encoded on the first call only; other
     prompts are encoded anew, and the tokens are those of a fresh engine."""

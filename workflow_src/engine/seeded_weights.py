@@ -36,6 +36,9 @@ from workflow_src.model.lean_qwen2 import LeanQwen2
 from workflow_src.noise import schemes
 from workflow_src.noise import speedproof as noise
 
+# Elements of an embedding's gathered rows formed at once (their int64 indices and hash temporaries: tens of MB).
+EMBEDDING_CHUNK = 1 << 20
+
 
 class SeededWeights:
     """The perturbed parameters' offsets, and the ops that form a group of rows' seed's values from the base."""
@@ -82,14 +85,21 @@ class SeededWeights:
         if offset is None:
             return rows
         width = weight.shape[1]
-        out = []
+        columns = torch.arange(width, device=ids.device)
+        # A prefill gathers prompts × positions rows; their int64 indices and hash temporaries at once would be
+        # several bytes ×8 of the rows (GBs at the 7B shape): the rows are formed a bounded number at a time.
+        step = max(1, EMBEDDING_CHUNK // width)
+        formed = torch.empty_like(rows)
         for g in groups:
-            tokens = ids[g.row0:g.row0 + g.rows]
-            index = offset + tokens[..., None] * width + torch.arange(width, device=ids.device)
-            r = self._signs_at(g.seed, index).to(torch.float32)
-            v = rows[g.row0:g.row0 + g.rows].to(torch.float32) + r * noise.sigma_fp32(g.sigma)
-            out.append(noise.round_fp32_to(v, weight.dtype))
-        return torch.cat(out)
+            tokens = ids[g.row0:g.row0 + g.rows].reshape(-1)
+            base = rows[g.row0:g.row0 + g.rows].view(-1, width)
+            into = formed[g.row0:g.row0 + g.rows].view(-1, width)
+            sigma = noise.sigma_fp32(g.sigma)
+            for at in range(0, tokens.numel(), step):
+                index = offset + tokens[at:at + step, None] * width + columns
+                v = base[at:at + step].to(torch.float32) + self._signs_at(g.seed, index).to(torch.float32) * sigma
+                into[at:at + step] = noise.round_fp32_to(v, weight.dtype)
+        return formed
 
     def vector(self, weight: torch.Tensor, groups: list[SeedRows], like: torch.Tensor,
                formed: dict | None = None) -> torch.Tensor:

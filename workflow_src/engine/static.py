@@ -268,19 +268,25 @@ class SlotDecoder:
             for state in (self.tokens, self.positions, self.live, self.left):
                 state.index_copy_(0, to, state.index_select(0, of))
 
-    def _capture(self, fn, span: int, rows: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        # Warm-up on a side stream (lazy initializations must not happen during capture), then capture.
-        # The warm-up runs write keys and values at the positions they feed, which a real step writes before
-        # it reads them, and the state they advance is put back.
+    def _warm_up(self, fn, span: int, rows: int, runs: int = 2) -> None:
+        """Run `fn` as a capture's warm-up (lazy initializations must not happen during capture) without
+        changing what a later step reads: every run feeds the last cache position, which no slot reads before
+        its own step writes it (a step writes its position's keys and values before it attends), and the state
+        the runs advance is put back. Fed at their own positions, a second run would write position 0 of the
+        slots the first one ended (`_advance` parks them there) over their prompts' first keys."""
         state = [t.clone() for t in (self.tokens, self.positions, self.live, self.left)]
+        for _ in range(runs):
+            self.positions.fill_(self.capacity - 1)
+            fn(span, rows)
+        for t, saved in zip((self.tokens, self.positions, self.live, self.left), state):
+            t.copy_(saved)
+
+    def _capture(self, fn, span: int, rows: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(2):
-                fn(span, rows)
+            self._warm_up(fn, span, rows)
         torch.cuda.current_stream().wait_stream(stream)
-        for t, saved in zip((self.tokens, self.positions, self.live, self.left), state):
-            t.copy_(saved)
         graph = torch.cuda.CUDAGraph()
         with safe_capture(graph):
             out = fn(span, rows)
