@@ -190,7 +190,7 @@ rule switch_bench:
         "results/evidence/switch-bench/record.appended",
 
 
-# The operator receipt (at real sizes with config/presets/operators-real-h200.yaml), in the ledger.
+# The operator receipt (at real sizes with config/presets/operators-real-cuda.yaml), in the ledger.
 rule operator_evidence:
     input:
         f"results/evidence/{OPERATOR_CLAIM}/record.appended",

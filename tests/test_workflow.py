@@ -67,7 +67,7 @@ def test_dry_run_plans_the_spine(tmp_path):
     assert jobs_planned(smk(tmp_path, "-n", "--cores", "2")) == SPINE
 
 
-@pytest.mark.parametrize("preset", ["rl-qwen2.5-0.5b-h200.yaml", "rl-qwen2.5-1.5b-h200.yaml"])
+@pytest.mark.parametrize("preset", ["rl-qwen2.5-0.5b.yaml", "rl-qwen2.5-1.5b.yaml"])
 def test_gpu_preset_plans_the_rl_evidence_only(tmp_path, preset):
     """The H200 presets validate against the schema and their target runs no RandOpt (a plan; no GPU here)."""
     preset = REPO / "config" / "presets" / preset
@@ -86,12 +86,12 @@ def test_gpu_preset_plans_the_rl_evidence_only(tmp_path, preset):
 
 @pytest.mark.parametrize("size", ["0.5b", "1.5b", "0.5b-timing-modes"])
 def test_the_realistic_grpo_preset_plans_both_comparisons_and_the_gpu_busy_launches(tmp_path, size):
-    """config/presets/rl-qwen2.5-0.5b-grpo-h200.yaml (and the 1.5B overlay after it): full and
+    """config/presets/rl-qwen2.5-0.5b-grpo.yaml (and the 1.5B overlay after it): full and
     training_code_alone, each launch under its own reward service of the model kind, and two profiled launches
     for training_code_alone's GPU busy shares; with rl-timing-modes.yaml after it, a third comparison, in
     deterministic mode."""
-    preset = REPO / "config/presets/rl-qwen2.5-0.5b-grpo-h200.yaml"
-    overlay = {"1.5b": "rl-qwen2.5-1.5b-grpo-h200.yaml", "0.5b-timing-modes": "rl-timing-modes.yaml"}.get(size)
+    preset = REPO / "config/presets/rl-qwen2.5-0.5b-grpo.yaml"
+    overlay = {"1.5b": "rl-qwen2.5-1.5b-grpo.yaml", "0.5b-timing-modes": "rl-timing-modes.yaml"}.get(size)
     files = [str(preset)] + ([str(REPO / "config/presets" / overlay)] if overlay else [])
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
                            str(tmp_path), "rl_evidence", "--configfile", *files, "-n", "-p", "--cores", "2"],
@@ -123,16 +123,16 @@ def test_the_realistic_grpo_preset_plans_both_comparisons_and_the_gpu_busy_launc
                            str(tmp_path), "rl_switch_check", "--configfile", str(preset), str(extra), "-n", "-p",
                            "--cores", "2"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert ("--candidates fused_elementwise --overlay results/switch_check/rl-qwen2_5-0_5b-grpo-h200.switches.json"
+    assert ("--candidates fused_elementwise --overlay results/switch_check/rl-qwen2_5-0_5b-grpo.switches.json"
             in proc.stdout)
 
 
 def test_operator_preset_plans_the_receipt_at_real_sizes_and_its_record(tmp_path):
-    """config/presets/operators-real-h200.yaml: target operator_evidence plans the GPU receipt at real sizes, its
+    """config/presets/operators-real-cuda.yaml: target operator_evidence plans the GPU receipt at real sizes, its
     record (named by sizes and device) and its rows in the ledger, nothing else (a plan; no GPU here)."""
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
                            str(tmp_path), "operator_evidence", "--configfile",
-                           str(REPO / "config/presets/operators-real-h200.yaml"), "-n", "--cores", "2"],
+                           str(REPO / "config/presets/operators-real-cuda.yaml"), "-n", "--cores", "2"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert jobs_planned(proc) == {"config_section": 2, "environment": 1, "operator_checks": 1,
@@ -164,7 +164,7 @@ def test_population_presets_plan_the_bench_with_several_seeds_per_step_and_the_a
 
 @pytest.mark.parametrize("preset, task, source", [("randopt-qwen2.5-7b-gsm8k.yaml", "gsm8k", "hf"),
                                                   ("randopt-qwen2.5-7b-math500-hard.yaml", "math500", "hf"),
-                                                  ("randopt-qwen2.5-7b-random-h200.yaml", "synthetic_arithmetic",
+                                                  ("randopt-qwen2.5-7b-random.yaml", "synthetic_arithmetic",
                                                    "random")])
 def test_randopt_preset_plans_the_randopt_evidence_only(tmp_path, preset, task, source):
     """The 7B RandOpt presets validate and plan the population, ensembles and record (from a pinned Hub
