@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One piece of a workflow target on a GPU host lent in calls of a few minutes (docs/rl-subject.md, "Evidence over
+# several device windows"), run from the checkout's root:
+#   bash scripts/gpu_piece.sh SECONDS OUTDIR -- SNAKEMAKE_ARGS...
+# Installs the carried wheels (.whl/, scripts/device_wheels.sh) when the host lacks Snakemake; rebuilds every
+# checkpoint whose MANIFEST.json came carried under results/checkpoints (weights are too large to carry) and
+# checks that its manifest equals the carried one, dated back so Snakemake does not take the rebuild for changed
+# input; runs Snakemake for at most SECONDS; then packs results/ and .snakemake/ (checkpoint weights left out) into
+# OUTDIR/results.tar.gz for the next piece.
+set -euo pipefail
+[ $# -ge 3 ] && [ "$3" = "--" ] || { echo "usage: $0 SECONDS OUTDIR -- SNAKEMAKE_ARGS..." >&2; exit 2; }
+budget=$1 out=$2
+shift 3
+configs=()
+for ((i = 1; i <= $#; i++)); do  # the run's --configfile files, for the checkpoint rebuilds
+  if [ "${!i}" = "--configfile" ]; then
+    for ((j = i + 1; j <= $#; j++)); do
+      case "${!j}" in -*) break ;; *) configs+=("${!j}") ;; esac
+    done
+  fi
+done
+if ! python3 -c "import snakemake" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
+fi
+command -v python >/dev/null || { mkdir -p /tmp/pybin && ln -sf "$(command -v python3)" /tmp/pybin/python \
+  && export PATH=/tmp/pybin:$PATH; }
+start=$(date +%s)
+for manifest in results/checkpoints/*/MANIFEST.json; do
+  [ -f "$manifest" ] || continue
+  ckpt=$(dirname "$manifest")
+  cp "$manifest" /tmp/carried-manifest.json
+  rm -rf "$ckpt"
+  with=()
+  [ ${#configs[@]} -eq 0 ] || with=(--configfile "${configs[@]}")
+  python3 -m snakemake --cores all "$ckpt" "${with[@]}" > /tmp/checkpoint-rebuild.log 2>&1 \
+    || { tail -20 /tmp/checkpoint-rebuild.log; exit 1; }
+  cmp -s "$manifest" /tmp/carried-manifest.json \
+    || { echo "gpu_piece: $ckpt rebuilt with other bytes than the carried manifest names" >&2; exit 1; }
+  find "$ckpt" -exec touch -h -d 2000-01-01 {} +
+done
+left=$((budget - ($(date +%s) - start)))
+rc=0
+timeout --signal=INT --kill-after=20 "$left" python3 -m snakemake --cores all "$@" || rc=$?
+python3 -m snakemake --unlock "$@" > /dev/null 2>&1 || true
+mkdir -p "$out"
+tar czf "$out/results.tar.gz" --exclude='results/checkpoints/*/*.safetensors' results .snakemake
+echo "gpu_piece: snakemake exit $rc after $(($(date +%s) - start)) s; $(du -h "$out/results.tar.gz" | cut -f1) packed"
+exit $rc
