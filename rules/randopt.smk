@@ -120,6 +120,7 @@ rule randopt_select_vote:
     params:
         ks=lambda w: " ".join(map(str, randopt_config()["ks"])),
         ratios=lambda w: " ".join(map(str, randopt_config()["k_ratios"])),
+        rounding=lambda w: randopt_config()["k_ratio_rounding"],
         vote=lambda w: randopt_config()["vote"],
         headline=lambda w: ("" if randopt_config()["vote"]["headline_k"] is None
                             else f"--headline-k {randopt_config()['vote']['headline_k']}"),
@@ -131,7 +132,8 @@ rule randopt_select_vote:
     shell:
         f"python -m workflow_src.randopt.vote --task {RANDOPT_TASK} --task-section {{input.task}}"
         " --population {input.population} --base-test {input.base_test} --topk-test {input.topk}"
-        " --ks {params.ks} --k-ratios {params.ratios} --bootstrap-resamples {params.vote[bootstrap_resamples]}"
+        " --ks {params.ks} --k-ratios {params.ratios} --k-ratio-rounding {params.rounding}"
+        " --grouping {params.vote[grouping]} --bootstrap-resamples {params.vote[bootstrap_resamples]}"
         " --bootstrap-seed {params.vote[bootstrap_seed]} --ci-level {params.vote[ci_level]} {params.mcnemar}"
         " {params.headline} --out-json {output.json} --out-csv {output.csv} --out-votes {output.votes}"
         f" --out-html {{output.html}} {RANDOPT_PROVENANCE} 2> {{log}}"

@@ -17,7 +17,7 @@ import pytest
 from conftest import run_module, write_section
 
 from workflow_src.randopt import plots, record, stats, vote
-from workflow_src.randopt.select import rank_population, resolve_ks
+from workflow_src.randopt.select import rank_population, ratio_k, resolve_ks
 from workflow_src.tasks.registry import get_task
 
 EQ = get_task("synthetic_arithmetic").equivalent
@@ -73,6 +73,38 @@ def test_k_sweep_arithmetic():
     assert resolve_ks(n, ks, ratios) == expected
     with pytest.raises(ValueError):
         resolve_ks(10, [], [])
+
+
+def test_k_ratio_rounding_floor_is_the_speedruns_int():
+    """floor: K = int(r·N) as Python truncates the float product (the speedrun's derive_topk at cc396cd)."""
+    assert resolve_ks(512, [], [0.02, 0.05], "floor") == [10, 25]    # int(10.24), int(25.6)
+    assert resolve_ks(512, [], [0.02, 0.05]) == [11, 26]             # ceil, ours
+    assert ratio_k(0.29, 100, "floor") == 28 == int(0.29 * 100)      # 28.999999999999996
+    assert ratio_k(0.29, 100, "ceil") == 29
+    assert ratio_k(0.001, 100, "floor") == 1 and ratio_k(1.0, 7, "floor") == 7  # at least 1, at most N
+    with pytest.raises(ValueError, match="rounding"):
+        ratio_k(0.5, 10, "round")
+
+
+def test_exact_string_grouping_votes_over_the_raw_strings():
+    """Spellings the task calls equivalent are one vote group by default and separate votes under
+    exact_string (the speedrun's Counter over its extracted strings); the winner is graded the same way."""
+    answers = ["0.5", "2", "2", ".5", "0.50"]                        # ranks 0..4 on the one test problem
+    population = pd.DataFrame({"position": range(5), "seed": [10, 11, 12, 13, 14], "sigma": [0.001] * 5,
+                               "train_reward": [0.9, 0.8, 0.7, 0.6, 0.5]})
+    base = pd.DataFrame({"index": [0], "problem_id": ["p0"], "extracted": ["2"], "correct": [0]})
+    topk = pd.DataFrame({"rank": range(5), "position": range(5), "seed": [10, 11, 12, 13, 14],
+                         "sigma": [0.001] * 5, "train_reward": [0.9, 0.8, 0.7, 0.6, 0.5], "index": [0] * 5,
+                         "problem_id": ["p0"] * 5, "extracted": answers, "correct": [1, 0, 0, 1, 1]})
+    gold = (["p0"], ["0.5"], lambda a, b: float(a) == float(b))
+    def voted(grouping):
+        return vote.compute("t", {}, population, base, topk, ks=[5], resamples=100, gold=gold, grouping=grouping)
+    by_value, by_string = voted("equivalent"), voted("exact_string")
+    assert by_value.votes.loc[0, "voted"] == "0.5" and by_value.doc["headline"]["correct"] == 1
+    assert by_string.votes.loc[0, "voted"] == "2" and by_string.doc["headline"]["correct"] == 0
+    assert by_string.doc["grouping"] == "exact_string"
+    with pytest.raises(ValueError, match="grouping"):
+        voted("numeric")
 
 
 # ------------------------------------------------------------------------------------------ statistics

@@ -281,6 +281,36 @@ def test_bpb_known_probabilities_and_chunking(chunk_tokens, monkeypatch):
     assert got["bpb"] == pytest.approx(got["nats"] / (math.log(2) * got["bytes"]), rel=1e-15)
 
 
+class NoBosTokenizer(StubTokenizer):
+    bos_token_id = None  # as Qwen2.5's
+
+
+@pytest.mark.parametrize("tok", [StubTokenizer(), NoBosTokenizer()], ids=["bos", "no-bos"])
+@pytest.mark.parametrize("max_chunks", [None, 2])
+def test_bpb_speedruns_chunks_leave_each_first_token_unscored(tok, max_chunks):
+    """chunk_start unscored (the speedrun's eval/fineweb.py at cc396cd): a text's tokens, after <bos> when there
+    is one, in chunks of chunk_tokens; a chunk's first token is context only, a chunk of one token is dropped;
+    max_chunks keeps the first chunks and the bytes of every text still count."""
+    table = torch.randn(tok.vocab, tok.vocab, generator=torch.Generator().manual_seed(3)) * 3
+    m = StubModel(table, context=12)
+    lp = torch.log_softmax(table.to(torch.float64), -1).numpy()
+    chunks = []
+    for text in TEXTS:
+        ids = ([tok.bos_token_id] if tok.bos_token_id is not None else []) + tok(text, add_special_tokens=False)["input_ids"]
+        chunks += [ids[lo:lo + 5] for lo in range(0, len(ids), 5) if len(ids[lo:lo + 5]) > 1]
+    chunks = chunks[:max_chunks]
+    want = -sum(lp[c[j - 1], c[j]] for c in chunks for j in range(1, len(c)))
+    ch = bpb.make_chunks(tok, TEXTS, 12, 5, chunk_start="unscored", max_chunks=max_chunks)
+    assert ch.ids == chunks and ch.tokens == sum(len(c) - 1 for c in chunks)
+    got = bpb.base_bpb(m, ch, batch_size=3)
+    assert got["nats"] == pytest.approx(want, rel=1e-9)
+    assert got["bytes"] == sum(len(t.encode()) for t in TEXTS)
+    ours = bpb.make_chunks(tok, TEXTS, 12, 5)  # every token scored, each chunk after a start token
+    assert ours.tokens == sum(len(t) for t in TEXTS) > ch.tokens
+    with pytest.raises(ValueError, match="chunk start"):
+        bpb.make_chunks(tok, TEXTS, 12, 5, chunk_start="first")
+
+
 def test_mixture_equals_direct_computation():
     lp = torch.log_softmax(torch.randn(4, 50, 9, dtype=torch.float64), -1)[..., 0]  # 4 models, 50 tokens
     want = -np.log(np.exp(lp.numpy()).mean(axis=0))

@@ -476,6 +476,56 @@ def test_math500_keeps_the_levels_asked_for(tmp_path):
         math500.row_level({"level": "hard", "unique_id": "x"})
 
 
+def test_math500_flashopt_split_draws_test_first_as_the_speedrun(tmp_path):
+    """split flashopt: among the kept levels, test = the first n_test of random.Random(seed)'s shuffle of the
+    rows in file order, train = the first n_train of random.Random(seed + 1)'s shuffle of the rest, each in its
+    drawn order (the speedrun's scripts/make_math500_hard.py at cc396cd, without --stratify)."""
+    import random
+    rows = [r for r in MATH_ROWS if r["level"] in (2, 3, 4, 5)]
+    ids = [r["unique_id"] for r in rows]
+    test_pool = list(ids)
+    random.Random(42).shuffle(test_pool)
+    want_test = test_pool[:5]
+    train_pool = [i for i in ids if i not in want_test]
+    random.Random(43).shuffle(train_pool)
+    spec = _math_local(tmp_path, levels=[2, 3, 4, 5], split="flashopt", n_test=5, n_train=2, split_seed=42)
+    got = math500.load(spec)
+    assert [p.id for p in got["test"]] == want_test and [p.id for p in got["train"]] == train_pool[:2]
+    assert [p.id for p in got["test"]] != sorted(want_test, key=ids.index)   # the drawn order, not the file's
+    # test does not depend on n_train; carve with the same numbers draws other problems
+    assert math500.load({**spec, "n_train": 1})["test"] == got["test"]
+    carve = math500.load(_math_local(tmp_path, levels=[2, 3, 4, 5], n_train=2, split_seed=42))
+    assert [p.id for p in carve["test"]] != want_test
+    # the speedrun's prompt, through the template
+    prompted = math500.load({**spec, "prompt_template": "{problem}\n\nLet's think step by step and output the "
+                                                       "final answer after ####"})
+    first = next(r for r in rows if r["unique_id"] == want_test[0])
+    assert prompted["test"][0].prompt == first["problem"] + "\n\nLet's think step by step and output the final answer after ####"
+    with pytest.raises(DataFileError, match="n_test"):
+        math500.load({**spec, "n_test": None})
+    with pytest.raises(DataFileError, match="n_train"):
+        math500.load({**spec, "n_train": 4})        # 8 rows, 5 in test: 3 left
+    with pytest.raises(DataFileError, match="n_test belongs to split flashopt"):
+        math500.load(_math_local(tmp_path, n_test=4))
+
+
+def test_math500_flashopt_split_leaves_out_a_repeated_problem_from_train(tmp_path):
+    rows = [dict(r) for r in MATH_ROWS]
+    rows[1]["problem"] = rows[0]["problem"]              # two rows, one problem text
+    path = _jsonl(tmp_path / "dup.jsonl", rows)
+    spec = {"source": "local", "local": {"test": {"path": str(path), "sha256": sha256_file(path)}},
+            "split": "flashopt", "split_seed": 0}
+    for n_test in range(1, 9):
+        got = math500.load({**spec, "n_test": n_test, "n_train": 0})
+        test_ids = {p.id for p in got["test"]}
+        if len(test_ids & {rows[0]["unique_id"], rows[1]["unique_id"]}) == 1:
+            break
+    left = math500.load({**spec, "n_test": n_test, "n_train": 10 - n_test - 1})
+    assert not {p.prompt for p in left["train"]} & {p.prompt for p in left["test"]}
+    with pytest.raises(DataFileError, match="problems repeated"):
+        math500.load({**spec, "n_test": n_test, "n_train": 10 - n_test})
+
+
 def test_math500_hub_sha_mismatch(tmp_path, monkeypatch):
     import huggingface_hub
     path = _math_local(tmp_path)["local"]["test"]["path"]

@@ -74,8 +74,7 @@ def speedup_problems(config: dict[str, Any], schema: dict[str, Any] | None = Non
 def randopt_problems(config: dict[str, Any]) -> list[str]:
     """The vote's Ks fit the population, the headline K is one of the sweep's, and the seeds, their σ and the
     noise scheme agree (randopt.settings.population_problems)."""
-    import math
-
+    from workflow_src.randopt.select import ratio_k
     from workflow_src.randopt.settings import population_problems
     randopt = config["randopt"]
     n = randopt["population"]
@@ -88,10 +87,10 @@ def randopt_problems(config: dict[str, Any]) -> list[str]:
         problems.append(f"randopt.ks: {too_large} larger than randopt.population ({n}); lower them, or set "
                         "randopt.cap_ks: true to cap them at the population (the record then warns)")
     headline = randopt["vote"]["headline_k"]
-    sweep = set(randopt["ks"]) | {max(1, math.ceil(r * n - 1e-9)) for r in randopt["k_ratios"]}
+    sweep = set(randopt["ks"]) | {ratio_k(r, n, randopt["k_ratio_rounding"]) for r in randopt["k_ratios"]}
     if headline is not None and headline not in sweep:
         problems.append(f"randopt.vote.headline_k: {headline} is not among the sweep's Ks {sorted(sweep)} "
-                        "(randopt.ks and ceil(ratio · population) of randopt.k_ratios)")
+                        f"(randopt.ks and randopt.k_ratios of the population, {randopt['k_ratio_rounding']})")
     return problems
 
 

@@ -14,6 +14,11 @@
   than max_position_embeddings; every token is scored exactly once, and a piece after the first sees
   only its own piece as context (no sliding window). A forward pass holds the logits of
   bpb.batch_size × (chunk_tokens + 1) positions × vocabulary in the model's dtype.
+- **The speedrun's chunks** (randopt.bpb.chunk_start `unscored`, the RandOpt speedrun's
+  eval/fineweb.py): a text's tokens, after the tokenizer's <bos> when it has one (Qwen2.5's has none),
+  are cut into consecutive chunks of `chunk_tokens`, each chunk's first token is context only and
+  unscored, and a chunk of one token is dropped. randopt.bpb.max_chunks keeps only the first chunks of
+  the slice; the bytes stay those of every text (both lower bpb against scoring everything).
 - **Numerics**: log p = logit − logsumexp(logits), in float64 over the vocabulary (from the model's
   logits, whatever their dtype; ROW_BLOCK positions at a time), sums in float64.
 - **Ensemble**: the K models (top-K seeds by train reward, `select.rank_population`) mix in probability
@@ -86,25 +91,40 @@ def piece_length(context: int, chunk_tokens: int | None = None) -> int:
 
 @dataclass
 class Chunks:
-    ids: list[list[int]]  # each [start] + piece; ids[1:] are the scored tokens
+    ids: list[list[int]]  # ids[c][1:] are chunk c's scored tokens
     bytes: int
-    tokens: int
+    tokens: int           # scored tokens
     texts: int
 
 
-def make_chunks(tokenizer, texts: Sequence[str], context: int, chunk_tokens: int | None = None) -> Chunks:
-    start, piece = start_token(tokenizer), piece_length(context, chunk_tokens)
+CHUNK_STARTS = ("start_token", "unscored")
+
+
+def make_chunks(tokenizer, texts: Sequence[str], context: int, chunk_tokens: int | None = None,
+                chunk_start: str = "start_token", max_chunks: int | None = None) -> Chunks:
+    """The scored chunks of the texts. start_token: [start] + piece each, every text token scored once;
+    unscored: the speedrun's chunks of the text's tokens (after <bos> if any), each first token unscored.
+    max_chunks keeps the first chunks only; `bytes` counts every text either way."""
+    if chunk_start not in CHUNK_STARTS:
+        raise ValueError(f"unknown chunk start {chunk_start!r} ({', '.join(CHUNK_STARTS)})")
+    piece = piece_length(context, chunk_tokens)
     ids: list[list[int]] = []
-    n_bytes = n_tokens = 0
+    n_bytes = 0
     for text in texts:
-        toks = tokenizer(text, add_special_tokens=False)["input_ids"]
+        toks = list(tokenizer(text, add_special_tokens=False)["input_ids"])
         n_bytes += len(text.encode("utf-8"))
-        n_tokens += len(toks)
-        for lo in range(0, len(toks), piece):
-            ids.append([start] + list(toks[lo:lo + piece]))
+        if chunk_start == "start_token":
+            start = start_token(tokenizer)
+            ids += [[start] + toks[lo:lo + piece] for lo in range(0, len(toks), piece)]
+        else:
+            if tokenizer.bos_token_id is not None:
+                toks = [int(tokenizer.bos_token_id)] + toks
+            ids += [toks[lo:lo + piece] for lo in range(0, len(toks), piece) if len(toks[lo:lo + piece]) >= 2]
     if n_bytes == 0:
         raise ValueError("the held-out texts are empty (0 bytes)")
-    return Chunks(ids, n_bytes, n_tokens, len(texts))
+    if max_chunks is not None:
+        ids = ids[:max_chunks]
+    return Chunks(ids, n_bytes, sum(len(c) - 1 for c in ids), len(texts))
 
 
 # -- scoring --------------------------------------------------------------------------------------
@@ -197,7 +217,7 @@ def ensemble_bpb(model, perturber, members: Sequence[tuple[int, float]], chunks:
 
 def default_k(settings, n: int) -> int:
     from workflow_src.randopt.select import resolve_ks
-    k = settings.bpb["k"] or max(resolve_ks(n, settings.ks, settings.k_ratios))
+    k = settings.bpb["k"] or max(resolve_ks(n, settings.ks, settings.k_ratios, settings.k_ratio_rounding))
     return min(k, n)
 
 
@@ -227,7 +247,8 @@ def main(argv: list[str] | None = None) -> None:
     texts = read_heldout(args.heldout)
 
     rt = runtime.load_runtime(cfg, engine=False)
-    chunks = make_chunks(rt.tokenizer, texts, context_length(rt.model), cfg.settings.bpb["chunk_tokens"])
+    chunks = make_chunks(rt.tokenizer, texts, context_length(rt.model), cfg.settings.bpb["chunk_tokens"],
+                         cfg.settings.bpb["chunk_start"], cfg.settings.bpb["max_chunks"])
     bs = cfg.settings.bpb["batch_size"]
     bar = progress_bar(total=len(chunks.ids) * (k + 1), desc="bpb", unit="chunk", disable=args.no_progress)
     try:
@@ -243,6 +264,7 @@ def main(argv: list[str] | None = None) -> None:
                                                                      "sha256": _sha(args.heldout)},
         "context": context_length(rt.model), "piece_tokens": piece_length(context_length(rt.model),
                                                                           cfg.settings.bpb["chunk_tokens"]),
+        "chunk_start": cfg.settings.bpb["chunk_start"], "max_chunks": cfg.settings.bpb["max_chunks"],
         "base": base,
         "ensemble": {"k": k, "seeds": [int(x) for x in top["seed"]], "positions": [int(x) for x in top["position"]],
                      "sigmas": [float(x) for x in top["sigma"]],

@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     bar = progress_bar(total=len(top) * len(test), desc=f"probes (top {len(top)})", unit="prompt",
                        disable=args.no_progress)
     rt = runtime.load_runtime(cfg, progress=bar)
-    chunks = bpb_mod.make_chunks(rt.tokenizer, texts, bpb_mod.context_length(rt.model), s.bpb["chunk_tokens"])
+    chunks = bpb_mod.make_chunks(rt.tokenizer, texts, bpb_mod.context_length(rt.model), s.bpb["chunk_tokens"],
+                                 s.bpb["chunk_start"], s.bpb["max_chunks"])
     rows, prompts = [], rt.prompts(test)
     try:
         for r in top.itertuples(index=False):

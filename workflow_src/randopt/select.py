@@ -23,8 +23,23 @@ def rank_population(population: pd.DataFrame) -> pd.DataFrame:
     return ranked
 
 
-def resolve_ks(n: int, absolute: Iterable[int] = (), ratios: Iterable[float] = ()) -> list[int]:
-    """The K values of the sweep: absolute Ks and ceil(ratio · n) (at least 1), capped at n, sorted, unique."""
+def ratio_k(ratio: float, n: int, rounding: str = "ceil") -> int:
+    """The K a ratio of the population names, at least 1 and at most n: ceil(ratio · n) (ours: a ratio is a
+    floor on the share voting), or int(ratio · n) as Python truncates the float product (`floor`, the RandOpt
+    speedrun's derive_topk)."""
+    if not 0 < ratio <= 1:
+        raise ValueError(f"a K ratio must be in (0, 1], got {ratio}")
+    if rounding == "ceil":
+        k = math.ceil(ratio * n - 1e-9)
+    elif rounding == "floor":
+        k = int(ratio * n)
+    else:
+        raise ValueError(f"unknown K rounding {rounding!r} (ceil or floor)")
+    return min(max(1, k), n)
+
+
+def resolve_ks(n: int, absolute: Iterable[int] = (), ratios: Iterable[float] = (), rounding: str = "ceil") -> list[int]:
+    """The K values of the sweep: absolute Ks and `ratio_k` of every ratio, capped at n, sorted, unique."""
     if n < 1:
         raise ValueError(f"the population is empty (n={n})")
     ks = set()
@@ -33,9 +48,7 @@ def resolve_ks(n: int, absolute: Iterable[int] = (), ratios: Iterable[float] = (
             raise ValueError(f"K must be >= 1, got {k}")
         ks.add(min(int(k), n))
     for r in ratios:
-        if not 0 < r <= 1:
-            raise ValueError(f"a K ratio must be in (0, 1], got {r}")
-        ks.add(min(max(1, math.ceil(r * n - 1e-9)), n))
+        ks.add(ratio_k(r, n, rounding))
     if not ks:
         raise ValueError("the K sweep is empty: give absolute Ks or ratios of the population")
     return sorted(ks)

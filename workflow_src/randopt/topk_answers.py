@@ -4,7 +4,7 @@
         --randopt-section R.json --task-section T.json [--k-max K] --out topk_test.parquet
 
 The ranking is `select.rank_population` (stable sort by train reward, ties in population order);
-K defaults to the largest K of the sweep (`select.resolve_ks(N, randopt.ks, randopt.k_ratios)`).
+K defaults to the largest K of the sweep (`select.resolve_ks(N, randopt.ks, randopt.k_ratios, randopt.k_ratio_rounding)`).
 For each of ranks 0 … K−1: reconstruct the seed's weights in place, greedily generate the test
 prompts (the first randopt.test_prompts of the test split), extract and grade each answer → one row
 per (rank, problem): rank, position, seed, sigma, train_reward, index (problem position in the test
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     s = cfg.settings
     pop, pop_meta = runtime.read_population(args.population)
     runtime.check_same_population(cfg, pop_meta, args.population)
-    k = args.k_max if args.k_max is not None else max(resolve_ks(len(pop), s.ks, s.k_ratios))
+    k = args.k_max if args.k_max is not None else max(resolve_ks(len(pop), s.ks, s.k_ratios, s.k_ratio_rounding))
     if not 1 <= k <= len(pop):
         raise SystemExit(f"randopt.topk_answers: --k-max {k} outside 1..{len(pop)}")
     top = rank_population(pop).head(k)

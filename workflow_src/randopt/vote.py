@@ -5,7 +5,7 @@
         --task-section results/config/task.synthetic_arithmetic.json \\
         --population results/randopt/{exp}/population.parquet \\
         --base-test results/randopt/{exp}/base_test.parquet --topk-test results/randopt/{exp}/topk_test.parquet \\
-        --ks 1 2 4 8 --k-ratios 0.25 --bootstrap-resamples 10000 --bootstrap-seed 0 --ci-level 0.95 \\
+        --ks 1 2 4 8 --k-ratios 0.25 [--k-ratio-rounding floor] [--grouping exact_string] --bootstrap-resamples 10000 --bootstrap-seed 0 --ci-level 0.95 \\
         [--no-mcnemar] [--headline-k K] \\
         --out-json results/randopt/{exp}/vote.json --out-csv results/randopt/{exp}/ksweep.csv \\
         --out-votes results/randopt/{exp}/votes.parquet [--out-html results/randopt/{exp}/ksweep.html] \\
@@ -17,7 +17,8 @@ reward, `select.rank_population`):
 - empty answers (None, "", whitespace) are dropped;
 - the rest are grouped by the task's answer equivalence (`get_task(name).equivalent`): in rank order, an
   answer joins the first group whose representative (its highest-ranked member) it is equivalent to, else it
-  opens a new group; identical strings are always one group;
+  opens a new group; identical strings are always one group (`--grouping exact_string`: only identical
+  strings, as the RandOpt speedrun's vote counts its raw extracted answers);
 - the largest group wins; a tie goes to the group holding the higher-ranked model (lower rank);
 - no answer at all → no vote, and the problem counts as wrong.
 
@@ -117,6 +118,14 @@ def vote_prefix(grouping: Grouping, k: int) -> Vote:
     best = min(counts, key=lambda g: (-counts[g], g))
     tally = tuple((grouping.answers[g], counts[g], first[g]) for g in sorted(counts))
     return Vote(grouping.answers[best], best, first[best], counts[best], sum(counts.values()), len(counts), tally)
+
+
+def never_equivalent(a: str, b: str) -> bool:
+    """The exact_string grouping's equivalence: only identical strings (which group_answers joins anyway)."""
+    return False
+
+
+GROUPINGS = ("equivalent", "exact_string")
 
 
 def majority_vote(ranked_answers: Sequence[Any], equivalent: Equivalent) -> str | None:
@@ -243,15 +252,20 @@ class SweepResult:
 def compute(task_name: str, task_spec: dict[str, Any], population: pd.DataFrame, base_test: pd.DataFrame,
             topk: pd.DataFrame, ks: Sequence[int] = (), k_ratios: Sequence[float] = (), resamples: int = 10000,
             seed: int = 0, level: float = 0.95, mcnemar: bool = True, headline_k: int | None = None,
-            gold: tuple[list[str], list[str], Equivalent] | None = None) -> SweepResult:
+            gold: tuple[list[str], list[str], Equivalent] | None = None, k_ratio_rounding: str = "ceil",
+            grouping: str = "equivalent") -> SweepResult:
     """Everything in vote.json except provenance and input hashes, plus the per-problem votes of the
-    largest K. `gold` (ids, answers, equivalent) replaces loading the task (tests)."""
+    largest K. `gold` (ids, answers, equivalent) replaces loading the task (tests). `grouping` decides which
+    answers vote together; the voted answer is graded with the task's equivalence either way."""
+    if grouping not in GROUPINGS:
+        raise ValueError(f"unknown vote grouping {grouping!r} ({', '.join(GROUPINGS)})")
     ids, answers, equivalent = gold if gold is not None else gold_answers(task_name, task_spec)
+    groups_by = equivalent if grouping == "equivalent" else never_equivalent
     ranked, indices, kmax = check_inputs(population, base_test, topk, ids)
     capped = sorted({int(k) for k in ks if k > len(ranked)} | ({headline_k} if (headline_k or 0) > len(ranked) else set()))
     if capped:
         headline_k = None if headline_k is None else min(headline_k, len(ranked))
-    sweep_ks = resolve_ks(len(ranked), ks, k_ratios)
+    sweep_ks = resolve_ks(len(ranked), ks, k_ratios, k_ratio_rounding)
     if sweep_ks[-1] > kmax:
         raise ArtifactError(f"the K sweep {sweep_ks} needs the top {sweep_ks[-1]} seeds' test answers, "
                             f"topk_test.parquet holds {kmax}")
@@ -264,7 +278,7 @@ def compute(task_name: str, task_spec: dict[str, Any], population: pd.DataFrame,
     base_correct = base["correct"].to_numpy(dtype=np.int64)
     by_problem = {int(i): g.sort_values("rank")["extracted"].tolist()[: sweep_ks[-1]]
                   for i, g in topk[topk["rank"] < sweep_ks[-1]].groupby("index")}
-    groupings = [group_answers(by_problem[int(i)], equivalent) for i in indices]
+    groupings = [group_answers(by_problem[int(i)], groups_by) for i in indices]
 
     # grading check: the artifacts' `correct` against a regrade of their `extracted` with the same gold
     def regrade(extracted: Any, i: int) -> int:
@@ -318,7 +332,9 @@ def compute(task_name: str, task_spec: dict[str, Any], population: pd.DataFrame,
         "format": FORMAT,
         "task": task_name,
         "population_size": len(ranked),
-        "requested": {"ks": [int(k) for k in ks], "k_ratios": [float(r) for r in k_ratios]},
+        "requested": {"ks": [int(k) for k in ks], "k_ratios": [float(r) for r in k_ratios],
+                      "k_ratio_rounding": k_ratio_rounding},
+        "grouping": grouping,
         "ks": sweep_ks,
         "topk_available": kmax,
         "n_test": len(indices),
@@ -378,7 +394,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--topk-test", required=True)
     parser.add_argument("--ks", type=int, nargs="*", default=[], help="absolute Ks")
     parser.add_argument("--k-ratios", type=float, nargs="*", default=[], help="Ks as ratios of the population size")
+    parser.add_argument("--k-ratio-rounding", choices=("ceil", "floor"), default=defaults("randopt")["k_ratio_rounding"])
     settings = defaults("randopt")["vote"]  # each flag's default is randopt.vote's in config/schema.yaml
+    parser.add_argument("--grouping", choices=GROUPINGS, default=settings["grouping"])
     parser.add_argument("--bootstrap-resamples", type=int, default=settings["bootstrap_resamples"])
     parser.add_argument("--bootstrap-seed", type=int, default=settings["bootstrap_seed"])
     parser.add_argument("--ci-level", type=float, default=settings["ci_level"])
@@ -398,7 +416,8 @@ def main(argv: list[str] | None = None) -> None:
         base_test = read_table(args.base_test, BASE_COLUMNS)
         topk = read_table(args.topk_test, TOPK_COLUMNS)
         result = compute(args.task, spec, population, base_test, topk, args.ks, args.k_ratios, args.bootstrap_resamples,
-                         args.bootstrap_seed, args.ci_level, args.mcnemar, args.headline_k)
+                         args.bootstrap_seed, args.ci_level, args.mcnemar, args.headline_k,
+                         k_ratio_rounding=args.k_ratio_rounding, grouping=args.grouping)
     except (ArtifactError, ValueError) as e:
         print(f"randopt vote: refused: {e}", file=sys.stderr)
         raise SystemExit(1) from None
