@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from conftest import run_module, write_section
 
-from workflow_src.randopt import plots, record, stats, vote
+from workflow_src.randopt import gather, plots, population, record, runtime, stats, vote
 from workflow_src.randopt.select import rank_population, ratio_k, resolve_ks
 from workflow_src.tasks.registry import get_task
 
@@ -238,7 +238,7 @@ def _experiment(tmp: Path, base_right: int = 5, name: str = "exp") -> dict[str, 
     test = get_task("synthetic_arithmetic").load(SPEC)["test"]
     pop = _population([0.001] * 4 + [0.002] * 4, [0.5, 0.75, 0.625, 0.75, 0.375, 0.875, 0.5, 0.625])
     _to_parquet(pop, d / "population.parquet", {"throughput": THROUGHPUT["population"], "clock": CLOCKS["population"],
-                                                "loop_clock": CLOCKS["population_loop"]})
+                                                "loop_clock": CLOCKS["population_loop"], "loop_seconds": 5.0})
     ranked = rank_population(pop)
     # per problem, the answers of ranks 0..3 (g right, w wrong): 11 nobody answered; 10 and 9 are 2-2 ties
     # (rank 0 wrong / right); 8 rank 0 outvoted; odd < 8 a majority right; even < 8 a majority wrong
@@ -366,7 +366,7 @@ def test_record_fields_come_from_the_artifacts(run):
     assert rec["population"]["best_sigma"] == json.loads(run["stats"].read_text())["best_sigma"]["sigma"]
     # the speedrun's clock: seeds over the sampling loop's wall clock (5 s); tokens and prompts of the base
     # evaluation, the loop and the ensemble evaluation over 2 + 5 + 1 s; total = first start to last end
-    assert rec["seeds_per_s"] == pytest.approx(len(pop) / 5.0)
+    assert rec["seeds_per_s"] == pytest.approx(len(pop) / 5.0) == rec["seeds_per_s_wall"]  # one shard: the same
     assert rec["gen_tokens_per_s"] == pytest.approx((300 + 960 + 720) / 8.0)
     assert rec["prompts_per_s"] == pytest.approx((20 + 64 + 48) / 8.0)
     assert rec["total_seconds"] == pytest.approx(13.0)
@@ -487,12 +487,45 @@ def test_bootstrap_ci_agrees_with_scipys_percentile_bootstrap():
     assert ours[0] > 0  # and the planted effect shows
 
 
-def test_parallel_shards_count_their_wall_clock_once():
-    from workflow_src.randopt.gather import clock_union
-    loops = [{"start": 10.0, "end": 20.0}, {"start": 11.0, "end": 21.0}]  # two shards side by side
-    assert clock_union(loops) == {"start": 10.0, "end": 21.0} and clock_union(loops + [None]) is None
+def test_sharded_loop_clock_is_the_sum_of_the_shards_loops_with_the_wall_clock_beside_it():
+    """seeds/s (the speedrun's) = population / the shards' own loop seconds summed, what one engine would spend;
+    seeds/s (wall) = population / first loop start to last loop end, whatever ran between the shards."""
+    from workflow_src.randopt.gather import clock_sum, clock_union
     sources = {"population": THROUGHPUT["population"], "base": THROUGHPUT["base"], "topk": THROUGHPUT["topk"]}
-    sp = record.speedrun_clock(sources, {"population_loop": clock_union(loops), **{k: CLOCKS[k] for k in ("base", "topk")}},
-                               22)
-    assert sp["seeds_per_s"] == pytest.approx(22 / 11.0)  # not 22 / 20 device-seconds
-    assert record.speedrun_clock(sources, {}, 22)["seeds_per_s"] is None
+    other = {k: CLOCKS[k] for k in ("base", "topk")}
+    in_series = [{"start": 10.0, "end": 20.0}, {"start": 25.0, "end": 35.0}]   # a load and a capture between them
+    side_by_side = [{"start": 10.0, "end": 20.0}, {"start": 11.0, "end": 21.0}]
+    assert clock_sum(in_series) == clock_sum(side_by_side) == 20.0 and clock_sum(in_series + [None]) is None
+    assert clock_union(side_by_side) == {"start": 10.0, "end": 21.0} and clock_union(side_by_side + [None]) is None
+    series = record.speedrun_clock(sources, {"population_loop": clock_union(in_series), **other}, 22, clock_sum(in_series))
+    assert series["seeds_per_s"] == pytest.approx(22 / 20.0) and series["sampling_loop_seconds"] == 20.0
+    assert series["seeds_per_s_wall"] == pytest.approx(22 / 25.0) and series["sampling_loop_wall_seconds"] == 25.0
+    parallel = record.speedrun_clock(sources, {"population_loop": clock_union(side_by_side), **other}, 22,
+                                     clock_sum(side_by_side))
+    assert parallel["seeds_per_s"] == pytest.approx(22 / 20.0) and parallel["seeds_per_s_wall"] == pytest.approx(22 / 11.0)
+    # gen-tok/s and prompts/s count the loop by its summed seconds
+    assert series["counted_seconds"] == pytest.approx(2.0 + 20.0 + 1.0)
+    none = record.speedrun_clock(sources, {}, 22)
+    assert none["seeds_per_s"] is None and none["seeds_per_s_wall"] is None
+
+
+def test_gather_records_each_shards_loop_and_both_clocks(tmp_path):
+    spec = {"seed": 0, "population": 4, "sigmas": [0.1], "assignment": "blocks", "scheme": "speedproof",
+            "seeds": None, "seed_sigmas": None}
+    table = population.population_table(spec)
+    loops = {0: {"start": 100.0, "end": 110.0}, 1: {"start": 130.0, "end": 142.0}}
+    paths = []
+    for shard in (0, 1):
+        rows = table.iloc[shard::2].copy()
+        for col, value in (("train_reward", 0.5), ("train_correct", 1), ("train_prompts", 2), ("prompt_tokens", 8),
+                           ("generated_tokens", 4), ("seconds", 1.0)):
+            rows[col] = value
+        rows["shard"] = shard
+        meta = {"format": population.SHARD_FORMAT, "identity": {"x": 1}, "population_spec": spec, "shard": shard,
+                "shards": 2, "positions": list(rows["position"]), "seeds": len(rows), "throughput": {},
+                "clock": loops[shard], "loop_clock": loops[shard], "provenance": {}}
+        paths.append(tmp_path / f"{shard}.parquet")
+        runtime.write_parquet(paths[-1], rows[list(population.SHARD_COLUMNS)], meta, population.SHARD_COLUMNS)
+    _, meta = gather.gather(paths)
+    assert meta["loop_seconds"] == 22.0 and meta["loop_clock"] == {"start": 100.0, "end": 142.0}
+    assert meta["shard_loop_clocks"] == {"0": loops[0], "1": loops[1]}

@@ -245,10 +245,13 @@ def randopt_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[
                              "pp", [r["delta"] * 100]))
         if rec.get("seeds_per_s") is not None:
             gen = rec.get("generation") or {}
+            # records that carry seeds_per_s_wall time the loop by the shards' summed loop seconds; older ones by
+            # the wall clock from the first shard's loop start to the last one's end
+            clock = ("the shards' loop seconds summed" if "seeds_per_s_wall" in rec else "wall clock")
             out.append(claim(f"{prefix}.{exp}.seeds_per_s",
                              f"RandOpt population of {pop['size']} seeds of {rec['model']['name']} on the "
                              f"{gen.get('engine', 'configured')} engine, {rec['hardware']['summary']}: seeds/s by the "
-                             "speedrun's clock (switch, generation and grading of the train prompts, wall clock), "
+                             f"speedrun's clock (switch, generation and grading of the train prompts, {clock}), "
                              f"experiment {exp}", "seeds/s", [rec["seeds_per_s"]]))
     return out
 

@@ -13,12 +13,17 @@ Checks (any failure: exit status 1, nothing written):
 
 The output is sorted by position and keeps the shard column; its metadata sums the shards'
 throughput per phase (`throughput`: device-seconds when shards ran in parallel) and keeps each
-shard's own (`shard_throughput`).
+shard's own (`shard_throughput`). The sampling loop's clock comes two ways (docs/randopt.md,
+Throughput): `loop_seconds`, the sum of each shard's own loop span (the time one engine spends in the
+loop, the speedrun's seeds/s clock), with `shard_loop_clocks` per shard; and `loop_clock`, the
+wall-clock span from the first shard's loop start to the last one's end (loads, captures and scheduling
+between shards run in series included; shards in parallel counted once).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,6 +49,13 @@ def clock_union(clocks) -> dict[str, float] | None:
     if not clocks or any(c is None for c in clocks):
         return None
     return {"start": min(c["start"] for c in clocks), "end": max(c["end"] for c in clocks)}
+
+
+def clock_sum(clocks) -> float | None:
+    """The seconds the jobs' own spans add up to, wherever and whenever each ran (None when one has no clock)."""
+    if not clocks or any(c is None for c in clocks):
+        return None
+    return math.fsum(c["end"] - c["start"] for c in clocks)
 
 def gather(paths: list[str | Path], identity: dict[str, Any] | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
     """(population table, metadata) from shard files; GatherError names the first problem found."""
@@ -99,6 +111,8 @@ def gather(paths: list[str | Path], identity: dict[str, Any] | None = None) -> t
             "shard_throughput": {str(m["shard"]): m["throughput"] for m in sorted(metas, key=lambda m: m["shard"])},
             "clock": clock_union([m.get("clock") for m in metas]),
             "loop_clock": clock_union([m.get("loop_clock") for m in metas]),
+            "loop_seconds": clock_sum([m.get("loop_clock") for m in metas]),
+            "shard_loop_clocks": {str(m["shard"]): m.get("loop_clock") for m in sorted(metas, key=lambda m: m["shard"])},
             "shard_provenance": {str(m["shard"]): m["provenance"] for m in sorted(metas, key=lambda m: m["shard"])}}
     return df, meta
 

@@ -137,14 +137,17 @@ def _stage_counts(phases: Mapping[str, Any] | None, skip: tuple[str, ...]) -> di
 
 
 def speedrun_clock(sources: Mapping[str, Mapping[str, Any] | None], clocks: Mapping[str, Mapping[str, float] | None],
-                   seeds: int) -> dict[str, Any]:
-    """The RandOpt speedrun's figures (docs/randopt.md, Throughput): seeds/s = population / wall-clock of the
-    sampling loop (switch, generation and grading; shards in parallel counted once, from the first shard's loop
-    start to the last one's end); gen-tok/s and prompts/s = the counts of the base evaluation, the sampling loop
-    and the ensemble evaluation (the top-K test answers) over their seconds (the loop's as wall-clock); total =
-    wall-clock from the first job's start to the last one's end. None where an artifact has no clock."""
+                   seeds: int, loop_seconds: float | None = None) -> dict[str, Any]:
+    """The RandOpt speedrun's figures (docs/randopt.md, Throughput): seeds/s = population / `loop_seconds`, the
+    seconds of the sampling loop (switch, generation and grading) summed over the shards' own loops: the time
+    one engine spends in it, as the speedrun's one engine times its loop; gen-tok/s and prompts/s = the counts of
+    the base evaluation, the sampling loop and the ensemble evaluation (the top-K test answers) over their
+    seconds (the loop's as loop_seconds); total = wall-clock from the first job's start to the last one's end.
+    Beside them, seeds/s over the loop's wall clock (`clocks["population_loop"]`: the first shard's loop start to
+    the last one's end), a second, named figure. None where an artifact has no clock."""
     loop = clocks.get("population_loop")
-    loop_s = loop["end"] - loop["start"] if loop else None
+    wall_s = loop["end"] - loop["start"] if loop else None
+    loop_s = loop_seconds
     pop = sources.get("population") or {}
     breakdown = {name: (pop.get(phase) or {}).get("seconds")
                  for name, phase in (("switch", "perturb"), ("generate", "sampling"), ("grade", "grade"))}
@@ -160,6 +163,8 @@ def speedrun_clock(sources: Mapping[str, Mapping[str, Any] | None], clocks: Mapp
     total = max(c["end"] for c in spans) - min(c["start"] for c in spans) if spans else None
     return {"seeds_per_s": _rate(float(seeds), loop_s) if loop_s is not None else None,
             "sampling_loop_seconds": loop_s, "sampling_loop_phase_seconds": breakdown,
+            "seeds_per_s_wall": _rate(float(seeds), wall_s) if wall_s is not None else None,
+            "sampling_loop_wall_seconds": wall_s,
             "gen_tokens_per_s": _rate(gen, seconds) if seconds else None,
             "prompts_per_s": _rate(prompts, seconds) if seconds else None,
             "counted_seconds": seconds, "total_seconds": total,
@@ -208,7 +213,8 @@ def build_record(experiment: str, base: Mapping[str, Any], population: pd.DataFr
                  checkpoint_manifest: Mapping[str, Any] | None = None, sampling_phase: str = "sampling",
                  date: str | None = None, throughputs: Mapping[str, Any] | None = None,
                  population_spec: Mapping[str, Any] | None = None,
-                 clocks: Mapping[str, Mapping[str, float] | None] | None = None) -> dict[str, Any]:
+                 clocks: Mapping[str, Mapping[str, float] | None] | None = None,
+                 loop_seconds: float | None = None) -> dict[str, Any]:
     """record.json (without input hashes) from the run's artifacts. `throughputs` ({stage: throughput})
     defaults to base.json's and bpb.json's; `main` adds the parquet artifacts' metadata, and the population's
     spec (its noise scheme, σ assignment, explicit seeds) from population.parquet's."""
@@ -224,11 +230,11 @@ def build_record(experiment: str, base: Mapping[str, Any], population: pd.DataFr
     tp = throughput({k: v for k, v in throughputs.items() if v}, population, sampling_phase)
     if clocks is None:
         clocks = {"base": base.get("clock"), "bpb": (bpb or {}).get("clock")}
-    speedrun = speedrun_clock(throughputs, clocks, n)
+    speedrun = speedrun_clock(throughputs, clocks, n, loop_seconds)
     tp["speedrun"] = speedrun
     if speedrun["seeds_per_s"] is None:
-        warnings.append("no wall clock of the population's sampling loop (artifacts without a clock): seeds/s, "
-                        "gen-tok/s, prompts/s and total are not the speedrun's; see throughput.phases")
+        warnings.append("no clock of the population's sampling loop (artifacts without one, or gathered without "
+                        "loop_seconds): seeds/s, gen-tok/s and prompts/s are not the speedrun's; see throughput.phases")
 
     base_test = base["test"]
     if not math.isclose(float(base_test["accuracy"]), vote["base"]["accuracy"], rel_tol=0, abs_tol=1e-12):
@@ -302,6 +308,7 @@ def build_record(experiment: str, base: Mapping[str, Any], population: pd.DataFr
         "timings": tp["timings"],
         "total_seconds": speedrun["total_seconds"],
         "seeds_per_s": speedrun["seeds_per_s"],
+        "seeds_per_s_wall": speedrun["seeds_per_s_wall"],
         "gen_tokens_per_s": speedrun["gen_tokens_per_s"],
         "prompts_per_s": speedrun["prompts_per_s"],
         "accuracy": {
@@ -326,7 +333,8 @@ def build_record(experiment: str, base: Mapping[str, Any], population: pd.DataFr
 
 CSV_COLUMNS = ("record_id", "date", "experiment", "commit", "dirty", "config_sha256", "model",
                "checkpoint_manifest_sha256", "hardware", "task", "population", "sigmas", "best_sigma", "seeds_per_s",
-               "gen_tokens_per_s", "prompts_per_s", "headline_k", "base_accuracy", "base_correct", "ensemble_accuracy",
+               "seeds_per_s_wall", "gen_tokens_per_s", "prompts_per_s", "headline_k", "base_accuracy", "base_correct",
+               "ensemble_accuracy",
                "ensemble_correct", "n_test", "delta", "ci_low", "ci_high", "ci_level", "within_noise", "mcnemar_p",
                "base_bpb", "ensemble_bpb", "bpb_k", "total_seconds", "record")
 
@@ -354,7 +362,8 @@ def record_row(rec: Mapping[str, Any], record_path: str | None = None) -> dict[s
         "hardware": rec["hardware"]["summary"], "task": rec["task"], "population": rec["population"]["size"],
         "sigmas": ";".join(f"{s!r}" for s in rec["population"]["sigmas"]),
         "best_sigma": rec["population"]["best_sigma"], "seeds_per_s": rec["seeds_per_s"],
-        "gen_tokens_per_s": rec["gen_tokens_per_s"], "prompts_per_s": rec["prompts_per_s"],
+        "seeds_per_s_wall": rec.get("seeds_per_s_wall"), "gen_tokens_per_s": rec["gen_tokens_per_s"],
+        "prompts_per_s": rec["prompts_per_s"],
         "headline_k": h["k"], "base_accuracy": h["base_accuracy"], "base_correct": h["base_correct"],
         "ensemble_accuracy": h["accuracy"], "ensemble_correct": h["correct"], "n_test": h["n"],
         "delta": h["delta"], "ci_low": h["ci_low"], "ci_high": h["ci_high"], "ci_level": h["ci_level"],
@@ -518,12 +527,14 @@ def main(argv: list[str] | None = None) -> None:
         base, bpb = read_json(args.base), read_json(args.bpb) if args.bpb else None
         throughputs = {"base": base.get("throughput")}
         clocks = {"base": base.get("clock"), "bpb": (bpb or {}).get("clock")}
+        loop_seconds = None
         for stage, path in (("population", args.population), ("topk", args.topk_test), ("probes", args.probes)):
             meta = parquet_meta(path) if path else None
             throughputs[stage] = (meta or {}).get("throughput")
             clocks[stage] = (meta or {}).get("clock")
             if stage == "population":
                 clocks["population_loop"] = (meta or {}).get("loop_clock")
+                loop_seconds = (meta or {}).get("loop_seconds")
         throughputs["bpb"] = (bpb or {}).get("throughput")
         rec = build_record(
             args.experiment, base, read_table(args.population, ("position", "seed", "sigma", "train_reward")),
@@ -532,7 +543,8 @@ def main(argv: list[str] | None = None) -> None:
             environment=read_json(args.environment) if args.environment else None,
             checkpoint_manifest=read_json(args.checkpoint_manifest) if args.checkpoint_manifest else None,
             sampling_phase=args.sampling_phase,
-            population_spec=(parquet_meta(args.population) or {}).get("population_spec"), clocks=clocks)
+            population_spec=(parquet_meta(args.population) or {}).get("population_spec"), clocks=clocks,
+            loop_seconds=loop_seconds)
     except (ArtifactError, KeyError, ValueError) as e:
         print(f"randopt record: refused: {type(e).__name__}: {e}", file=sys.stderr)
         raise SystemExit(1) from None

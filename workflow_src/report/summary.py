@@ -67,7 +67,9 @@ def randopt_lines(record: Mapping[str, Any]) -> list[str]:
     bpb = record.get("bpb")
     if bpb:
         lines.append(f"bits per byte: base {bpb['base']:.4f}, ensemble of {bpb['k']} {bpb['ensemble']:.4f}")
-    lines.append(f"{record['seeds_per_s']:.3f} seeds/s ({record['generation']['engine']} engine)")
+    wall = record.get("seeds_per_s_wall")
+    lines.append(f"{record['seeds_per_s']:.3f} seeds/s ({record['generation']['engine']} engine; the shards' "
+                 "sampling loops summed" + ("" if wall is None else f"; {wall:.3f} over the loop's wall clock") + ")")
     lines += [f"warning: {w}" for w in record.get("warnings") or []]
     return lines
 
