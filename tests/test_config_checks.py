@@ -33,6 +33,17 @@ def test_the_default_config_has_no_problem():
     assert problems({}) == []
 
 
+def test_full_can_be_measured_against_the_reference_reward_service():
+    """reward.services.reference is the write-up's server: 8 workers, OpenMP/MKL capped at 4 threads each."""
+    from workflow_src.config_schema import defaults
+    assert defaults("reward")["services"]["reference"] == {"workers": 8, "threads": 1, "omp_threads": 4}
+    against = {"speedup": {"comparisons": {"full_vs_reference": {
+        "subject": "rl", "switches": [], "baseline_reward_service": "reference", "optimized_reward_service": "tuned"}}}}
+    assert problems(against) == []
+    against["speedup"]["comparisons"]["full_vs_reference"]["baseline_reward_service"] = "referenc"
+    assert any("'referenc' is not in reward.services" in p for p in problems(against))
+
+
 @pytest.mark.parametrize("overrides, key", [
     ({"checkpoint": {"name": ".."}}, "checkpoint.name"),
     ({"checkpoint": {"name": "."}}, "checkpoint.name"),
