@@ -145,3 +145,28 @@ def test_length_models_are_checked_before_any_job(tmp_path):
         assert problem.startswith("randopt.lengths") and says in problem
     [problem] = problems({"randopt": {"engine": "static", "lengths": "fixed:8"}})
     assert "random weights" in problem and "'synthetic'" in problem
+
+
+@pytest.mark.parametrize("preset, train, test, tokens, chunk", [
+    ("randopt-flashopt-7b-gsm8k.yaml", 128, 256, 512, 2046),
+    ("randopt-flashopt-7b-math500-hard.yaml", 64, 192, 2048, 2048),
+])
+def test_flashopt_presets_set_the_speedruns_settings(preset, train, test, tokens, chunk):
+    """The speedrun's numbers at cc396cd (configs/run_512_7b_*.yaml, speedrun.py, eval/fineweb.py) where a
+    setting can match them: K = int(r·N) for r in top_k_ratios [0.02, 0.05], the vote over raw strings, bpb
+    chunks of max_len (clamped to max_model_len − 2) with each first token unscored, 256 chunks, one engine."""
+    from workflow_src.randopt.select import resolve_ks
+    cfg = filled(yaml.safe_load((REPO / "config/presets" / preset).read_text()))
+    check_config(cfg, SCHEMA)
+    r = cfg["randopt"]
+    ratios, n = [0.02, 0.05], 512
+    assert r["population"] == n and r["seed"] == 42 and r["sigmas"] == [0.0005, 0.001, 0.002]
+    assert resolve_ks(n, r["ks"], r["k_ratios"], r["k_ratio_rounding"]) == sorted({max(1, int(x * n)) for x in ratios})
+    assert r["vote"]["grouping"] == "exact_string" and r["vote"]["headline_k"] == 25 and r["bpb"]["k"] == 25
+    assert r["bpb"] == {**r["bpb"], "chunk_start": "unscored", "max_chunks": 256, "chunk_tokens": chunk}
+    assert (r["train_prompts"], r["test_prompts"], r["max_new_tokens"], r["shards"], r["probes"]) == (train, test, tokens, 1, 5)
+    assert cfg["task"]["prompt_format"] == "chat"
+    if cfg["task"]["name"] == "math500":
+        m = cfg["task"]["math500"]
+        assert (m["levels"], m["split"], m["n_test"], m["n_train"], m["split_seed"]) == ([4, 5], "flashopt", 192, 64, 42)
+        assert m["prompt_template"] == "{problem}\n\nLet's think step by step and output the final answer after ####"

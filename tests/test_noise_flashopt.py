@@ -166,10 +166,11 @@ def test_settings_population_and_bad_input():
     assert resolve("randopt")["noise"] == {"scheme": "speedproof"}
 
 
-def test_the_compatibility_preset_draws_the_speedruns_population():
+@pytest.mark.parametrize("name", ["randopt-flashopt-7b-gsm8k.yaml", "randopt-flashopt-7b-math500-hard.yaml"])
+def test_the_compatibility_presets_draw_the_speedruns_population(name):
     import yaml
     from conftest import REPO
-    preset = yaml.safe_load((REPO / "config/presets/randopt-flashopt-7b-gsm8k.yaml").read_text())
+    preset = yaml.safe_load((REPO / "config/presets" / name).read_text())
     table = population_table(RandOptSettings.from_dict(preset["randopt"]).population_spec())
     seeds, sigmas = flashopt.population(42, 512, GRID)
     assert table["seed"].tolist() == seeds and table["sigma"].tolist() == sigmas

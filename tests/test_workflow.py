@@ -165,7 +165,9 @@ def test_population_presets_plan_the_bench_with_several_seeds_per_step_and_the_a
 @pytest.mark.parametrize("preset, task, source", [("randopt-qwen2.5-7b-gsm8k.yaml", "gsm8k", "hf"),
                                                   ("randopt-qwen2.5-7b-math500-hard.yaml", "math500", "hf"),
                                                   ("randopt-qwen2.5-7b-random.yaml", "synthetic_arithmetic",
-                                                   "random")])
+                                                   "random"),
+                                                  ("randopt-flashopt-7b-gsm8k.yaml", "gsm8k", "hf"),
+                                                  ("randopt-flashopt-7b-math500-hard.yaml", "math500", "hf")])
 def test_randopt_preset_plans_the_randopt_evidence_only(tmp_path, preset, task, source):
     """The 7B RandOpt presets validate and plan the population, ensembles and record (from a pinned Hub
     download, or random weights), and nothing of the RL subject (a plan: no Hub, no GPU here)."""
@@ -181,6 +183,9 @@ def test_randopt_preset_plans_the_randopt_evidence_only(tmp_path, preset, task, 
     assert f"--source {source}" in proc.stdout
     assert (source == "hf") == ("a09a35458c702b33eeacc393d103063234e8bc28" in proc.stdout)
     assert '"engine": "static"' in proc.stdout and f"task.{task}" in proc.stdout
+    # the compatibility presets vote as the speedrun: K = int(r·N), raw answer strings
+    flashopt = preset.startswith("randopt-flashopt")
+    assert ("--k-ratios 0.02 0.05 --k-ratio-rounding floor --grouping exact_string" in proc.stdout) == flashopt
 
 
 @pytest.mark.parametrize("preset", ["trained", "undertrained-s0", "undertrained-s1", "undertrained-s2"])
