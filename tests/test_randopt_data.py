@@ -342,6 +342,19 @@ def test_vote_cli_sweep(run):
     assert [int(r["k"]) for r in rows] == [1, 3, 4] and float(rows[2]["accuracy"]) == by_k[4]["accuracy"]
 
 
+def test_vote_cli_takes_the_speedruns_k_rounding_and_grouping(run, tmp_path):
+    args = ["--task", "synthetic_arithmetic", "--task-section", str(run["task"]), "--population", str(run["population"]),
+            "--base-test", str(run["base_test"]), "--topk-test", str(run["topk"]), "--ks", "--k-ratios", "0.3",
+            "--out-csv", str(tmp_path / "k.csv"), "--out-votes", str(tmp_path / "v.parquet")]
+    vote.main([*args, "--out-json", str(tmp_path / "ceil.json")])
+    vote.main([*args, "--out-json", str(tmp_path / "floor.json"), "--k-ratio-rounding", "floor",
+               "--grouping", "exact_string"])
+    ceil, floor = (json.loads((tmp_path / f"{x}.json").read_text()) for x in ("ceil", "floor"))
+    assert (ceil["ks"], ceil["grouping"]) == ([3], "equivalent")            # ceil(0.3 · 8) = ceil(2.4)
+    assert (floor["ks"], floor["grouping"]) == ([2], "exact_string")        # int(2.4)
+    assert floor["requested"]["k_ratio_rounding"] == "floor"
+
+
 def test_vote_refuses_inconsistent_artifacts(run, tmp_path):
     topk = pd.read_parquet(run["topk"])
     topk.loc[topk["rank"] == 1, "seed"] = 4242  # not the population's rank-1 seed

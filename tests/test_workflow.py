@@ -365,6 +365,14 @@ def test_the_randopt_clis_outputs_in_the_workflow_run(tiny_workflow, capsys):
     assert e.value.code == 1 and "duplicated [0]" in capsys.readouterr().err
     assert not (res.parent / "bad.parquet").exists()
 
+    # the sampling loop's two clocks: the shards' own loops summed (seeds/s) and first start to last end (wall)
+    loops = [runtime.read_meta(f)["loop_clock"] for f in sorted((rd / "shards").glob("*.parquet"))]
+    assert meta["loop_seconds"] == pytest.approx(sum(c["end"] - c["start"] for c in loops), rel=1e-12)
+    assert meta["loop_clock"] == {"start": min(c["start"] for c in loops), "end": max(c["end"] for c in loops)}
+    rec = json.loads((rd / "record.json").read_text())
+    assert rec["seeds_per_s"] == pytest.approx(n / meta["loop_seconds"])
+    assert rec["seeds_per_s_wall"] == pytest.approx(n / (meta["loop_clock"]["end"] - meta["loop_clock"]["start"]))
+
     ranked = rank_population(pop)
     topk = pd.read_parquet(rd / "topk_test.parquet")
     kmax = max(r["k"] for r in json.loads((rd / "vote.json").read_text())["sweep"])  # the sweep's largest K
