@@ -57,6 +57,7 @@ def clock_sum(clocks) -> float | None:
         return None
     return math.fsum(c["end"] - c["start"] for c in clocks)
 
+
 def gather(paths: list[str | Path], identity: dict[str, Any] | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
     """(population table, metadata) from shard files; GatherError names the first problem found."""
     if not paths:
