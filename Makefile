@@ -9,7 +9,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: run test report lint claims clean-results vllm-env vllm-gpu-env
+.PHONY: run test report lint claims keep clean-results vllm-env vllm-gpu-env
 
 $(STAMP): requirements.txt requirements-lock.txt
 	python3 -m venv $(VENV)
@@ -59,6 +59,13 @@ lint: $(STAMP)
 # The project's own claims ledger, generated from the evidence records kept in docs/evidence/ (never typed).
 claims: $(STAMP)
 	$(PY) -m workflow_src.report.claims build docs/evidence/*/record.json --md docs/CLAIMS.md --csv docs/claims.csv
+
+# Keep one record (RECORD=results/evidence/{claim}/record.json) in docs/evidence/ and regenerate the ledger; a
+# record from a dirty tree, without its device or with a command outside the checkout is refused.
+keep: $(STAMP)
+	@test -n "$(RECORD)" || { echo "make keep RECORD=results/evidence/{claim}/record.json" >&2; exit 2; }
+	$(PY) -m workflow_src.report.claims keep $(RECORD) --into docs/evidence
+	$(MAKE) claims
 
 clean-results:
 	rm -rf results .snakemake

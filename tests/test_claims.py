@@ -52,11 +52,38 @@ def bench_json(bench_run):
     return bench_run["bench"]
 
 
-def record(tmp_path, bench_json, name):
+def record(tmp_path, bench_json, name, dirty=False):
+    """An engine record as the workflow writes it, from a clean tree unless `dirty` (the suite may run in one)."""
     out = tmp_path / name / "record.json"
     evidence.main(["engine", "--bench", str(bench_json), "--claim", name, "--command", f"make {name}",
                    "--out", str(out)])
+    doc = json.loads(out.read_text())
+    doc["provenance"]["git"]["dirty"] = dirty
+    doc["device"] = "CPU (the suite's)" if doc.get("device") in (None, "unknown") else doc["device"]
+    out.write_text(json.dumps(doc))
     return out
+
+
+def test_only_a_record_a_reader_can_reproduce_is_kept(tmp_path, bench_json):
+    """`keep` copies a record into the kept ledger's folder, and `build` takes only such records: from a clean
+    commit, naming its device, with a command relative to the checkout."""
+    kept = tmp_path / "evidence"
+    good = record(tmp_path, bench_json, "good")
+    claims.main(["keep", str(good), "--into", str(kept)])
+    assert (kept / "good" / "record.json").read_bytes() == good.read_bytes()
+    doc = json.loads(good.read_text())
+    bad = {"dirty tree": {"provenance": {**doc["provenance"], "git": {**doc["provenance"]["git"], "dirty": True}}},
+           "names no device": {"device": "unknown"},
+           "outside the checkout": {"command": "snakemake --cores all x --configfile /work/main/config/p.yaml"}}
+    for message, change in bad.items():
+        path = tmp_path / "bad" / "record.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps({**doc, **change}))
+        with pytest.raises(SystemExit, match=message):
+            claims.main(["keep", str(path), "--into", str(kept)])
+        with pytest.raises(claims.LedgerError, match=message):
+            claims.build([good, path])
+    assert sorted(p.name for p in kept.iterdir()) == ["good"]
 
 
 def test_a_population_decode_is_claimed_with_its_agreement_and_refused_where_its_weights_differ(bench_json):

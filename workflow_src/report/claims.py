@@ -7,8 +7,13 @@ the record it comes from. A record without a provenance block (git commit, sourc
     python -m workflow_src.report.claims append --record results/evidence/X/record.json \\
         --md results/claims/CLAIMS.md --csv results/claims/claims.csv
 
+    python -m workflow_src.report.claims keep results/evidence/X/record.json --into docs/evidence
+
 `append` replaces the rows of the record's claims (by claim id) and keeps the others, under a file lock, as the
-workflow's records table does; `build` writes the ledger of the given records alone.
+workflow's records table does; `build` writes the ledger of the given records alone. `keep` copies a record
+into the kept ledger's folder (docs/evidence/{claim}/record.json). What is kept, and so what `build` takes,
+is a record a reader can reproduce: made from a clean commit (a dirty tree's sources are nowhere but on the
+machine that ran it), naming its device, with a command relative to the checkout.
 """
 
 from __future__ import annotations
@@ -50,6 +55,31 @@ def read_record(path: str | Path) -> dict[str, Any]:
     return doc
 
 
+def keepable(path: str | Path, doc: Mapping[str, Any]) -> None:
+    """Refuse a record that the kept ledger cannot vouch for, naming what to do instead."""
+    git = doc["provenance"]["git"]
+    if git.get("dirty") is not False:
+        raise LedgerError(f"{path}: made from a dirty tree at {git['commit'][:10]} (its measured sources are in "
+                          "no commit): make it again from a clean commit")
+    device = doc.get("device")
+    if not device or device == "unknown":
+        raise LedgerError(f"{path}: names no device; a figure without its card or CPU cannot be compared")
+    absolute = [word for word in str(doc.get("command") or "").split() if word.startswith("/")]
+    if not doc.get("command") or absolute:
+        raise LedgerError(f"{path}: its command {doc.get('command')!r} names paths outside the checkout "
+                          f"({', '.join(absolute) or 'no command'}): run the target with paths relative to the checkout")
+
+
+def keep(record: str | Path, into: str | Path) -> Path:
+    """Copy a keepable record to {into}/{claim}/record.json; returns where it went."""
+    doc = read_record(record)
+    keepable(record, doc)
+    dest = Path(into) / doc["claim"] / "record.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(dest, Path(record).read_text())
+    return dest
+
+
 def rows_of(path: str | Path, doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     git = doc["provenance"]["git"]
     sha = sha256_file(path)
@@ -86,7 +116,11 @@ def render_csv(rows: Iterable[Mapping[str, Any]]) -> str:
 
 
 def build(records: Sequence[str | Path]) -> list[dict[str, Any]]:
-    rows = [row for path in records for row in rows_of(path, read_record(path))]
+    """The kept ledger's rows: every record must be keepable."""
+    docs = [(path, read_record(path)) for path in records]
+    for path, doc in docs:
+        keepable(path, doc)
+    rows = [row for path, doc in docs for row in rows_of(path, doc)]
     seen: dict[str, str] = {}
     for r in rows:
         if r["claim"] in seen:
@@ -122,9 +156,14 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--md", required=True)
     a.add_argument("--csv", required=True)
     a.add_argument("--marker", help="write the record's sha256 here once appended (the workflow's output)")
+    k = sub.add_parser("keep", help="copy a record a reader can reproduce into the kept ledger's folder")
+    k.add_argument("record")
+    k.add_argument("--into", default="docs/evidence")
     args = parser.parse_args(argv)
     try:
-        if args.command == "build":
+        if args.command == "keep":
+            print(f"claims ledger: kept {keep(args.record, args.into)}", file=sys.stderr)
+        elif args.command == "build":
             rows = build(args.records)
             atomic_write_text(args.csv, render_csv(rows))
             atomic_write_text(args.md, render_md(rows))
