@@ -11,9 +11,11 @@ rule deterministic_run:
         steps=lambda w: bitwise_config()["steps"],
     log:
         "results/logs/bitwise/{exp}/{run}.log",
-    threads: workflow.cores
+    threads: bitwise_run_threads
     resources:
-        gpu=1,
+        # a GPU run whose memory is stated shares the card; any other holds the `gpu` token, as a timed job does
+        gpu=lambda w: int(bitwise_gpu_share(w) == gpu_memory.WHOLE),
+        gpu_share=bitwise_gpu_share,
         nodes=bitwise_run_nodes,
     conda:
         "../envs/speedproof.yaml"
@@ -88,6 +90,7 @@ rule rl_switch_check:
     threads: workflow.cores
     resources:
         gpu=1,
+        gpu_share=gpu_memory.WHOLE,
     conda:
         "../envs/speedproof.yaml"
     shell:

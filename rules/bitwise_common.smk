@@ -78,6 +78,18 @@ def bitwise_command(wildcards, input):
     return " ".join(shlex.quote(p) if " " not in p else p for p in parts)
 
 
+def bitwise_gpu_share(wildcards):
+    """The share of the card one run takes (workflow_src/provenance/gpu_memory.py): its stated memory on a GPU."""
+    on_gpu = bitwise_subject(wildcards.run) == "rl" and config["rl"]["device"] == "cuda"
+    return gpu_memory.gpu_share(bitwise_config()["gpu_mem_gb"] if on_gpu else None, CARD_MEMORY_MB,
+                                f"bitwise run {wildcards.run} (bitwise.gpu_mem_gb)")
+
+
+def bitwise_run_threads(wildcards):
+    """Every core for a run that holds the card or the CPU alone; runs sharing a card split the cores."""
+    return max(1, workflow.cores // max(1, gpu_memory.WHOLE // bitwise_gpu_share(wildcards)))
+
+
 def bitwise_run_nodes(wildcards):
     """SLURM nodes of one run: rl.nnodes for the RL subject (an external command runs on one)."""
     return config["rl"]["nnodes"] if bitwise_subject(wildcards.run) == "rl" else 1

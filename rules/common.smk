@@ -2,7 +2,11 @@
 import json
 import re
 
+from workflow_src.provenance import gpu_memory
+
 EXP = config["experiment"]
+# the card's memory for jobs that share it (gpu_share); read once per plan
+CARD_MEMORY_MB = gpu_memory.card_memory_mb() if config["rl"]["device"] == "cuda" else None
 MODEL = config["checkpoint"]["name"]
 RL_CLAIM = config["evidence"]["rl_claim"] or f"rl-paired-{MODEL}"  # the RL subject's record (rules/evidence.smk)
 # the operator receipt's evidence record: its sizes and device name it

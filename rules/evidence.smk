@@ -17,6 +17,7 @@ rule engine_bench_run:
         "results/benchmarks/evidence/engine_bench.tsv"
     resources:
         gpu=1,
+        gpu_share=gpu_memory.WHOLE,
     threads: workflow.cores
     conda:
         "../envs/speedproof.yaml"
@@ -44,6 +45,7 @@ rule seeded_linear_bench_run:
         "results/benchmarks/evidence/seeded_linear_bench.tsv"
     resources:
         gpu=1,
+        gpu_share=gpu_memory.WHOLE,
     threads: workflow.cores
     conda:
         "../envs/speedproof.yaml"
@@ -66,6 +68,7 @@ rule switch_bench_run:
         "results/logs/evidence/switch_bench_run{i}.log",
     resources:
         gpu=1,
+        gpu_share=gpu_memory.WHOLE,
     threads: workflow.cores
     conda:
         "../envs/speedproof.yaml"

@@ -18,6 +18,7 @@ rule operator_checks:
         "results/logs/operator_checks.log",
     resources:
         gpu=lambda w: int(config["operators"]["device"] == "cuda"),
+        gpu_share=lambda w: gpu_memory.WHOLE * int(config["operators"]["device"] == "cuda"),
     conda:
         "../envs/speedproof.yaml"
     shell:

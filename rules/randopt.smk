@@ -30,6 +30,7 @@ rule randopt_base:
     threads: lambda w: randopt_config()["threads"]
     resources:
         gpu=1,
+        gpu_share=gpu_memory.WHOLE,
     conda:
         "../envs/speedproof.yaml"
     shell:
@@ -54,6 +55,7 @@ rule randopt_population:
     threads: lambda w: randopt_config()["threads"]
     resources:
         gpu=1,
+        gpu_share=gpu_memory.WHOLE,
     conda:
         "../envs/speedproof.yaml"
     shell:
@@ -92,6 +94,7 @@ rule randopt_topk_answers:
     threads: lambda w: randopt_config()["threads"]
     resources:
         gpu=1,
+        gpu_share=gpu_memory.WHOLE,
     conda:
         "../envs/speedproof.yaml"
     shell:
@@ -152,6 +155,7 @@ rule randopt_probes:
     threads: lambda w: randopt_config()["threads"]
     resources:
         gpu=1,
+        gpu_share=gpu_memory.WHOLE,
     conda:
         "../envs/speedproof.yaml"
     shell:
@@ -172,6 +176,7 @@ rule randopt_bpb:
     threads: lambda w: randopt_config()["threads"]
     resources:
         gpu=1,
+        gpu_share=gpu_memory.WHOLE,
     conda:
         "../envs/speedproof.yaml"
     shell:

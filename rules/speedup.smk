@@ -18,6 +18,7 @@ rule speedup_launch:
     threads: workflow.cores
     resources:
         gpu=1,
+        gpu_share=gpu_memory.WHOLE,
         nodes=speedup_launch_nodes,
     conda:
         "../envs/speedproof.yaml"
@@ -98,6 +99,7 @@ rule rl_gpu_busy:
     threads: workflow.cores
     resources:
         gpu=1,
+        gpu_share=gpu_memory.WHOLE,
     conda:
         "../envs/speedproof.yaml"
     shell:
