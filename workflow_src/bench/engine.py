@@ -59,7 +59,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from workflow_src.bench.roofline import ceilings, floor, generation_work, ragged_generation_work, together
 from workflow_src.checkpoints.random_init import tensor_seed
 from workflow_src.checkpoints.tokenizer import build_tokenizer
-from workflow_src.engine import ThroughputMeter, make_engine
+from workflow_src.engine import ThroughputMeter, make_engine, memory
 from workflow_src.engine.length_model import LengthModelError, parse
 from workflow_src.kernels.decode_attention import Launch
 from workflow_src.kernels.seeded_linear import DEFAULT_LAUNCH as DEFAULT_SEEDED_LAUNCH
@@ -242,6 +242,8 @@ def main(argv: list[str] | None = None) -> None:
     for shape in args.shapes:
         model, tok = random_model(shape, args.device, args.tiny)
         prompt_tokens = [len(ids) for ids in tok(prompts)["input_ids"]]
+        if args.seeds and shape == args.shapes[-1] and args.device == "cuda":
+            check_population_memory(model, args, prompt_tokens, torch.cuda.mem_get_info()[1])
         work = (ragged_generation_work(model, prompt_tokens, lengths, args.batch) if lengths else
                 generation_work(model, prompt_tokens, args.new_tokens, args.batch))
         row: dict = {"parameters": sum(p.numel() for p in model.parameters()), "engines": {},
@@ -309,6 +311,17 @@ def profile_static(model, tok, a, prompts, sync, top: int = 25) -> dict:
             "total_ms": total / 1e3, "per_new_token_ms": total / 1e3 / a.profile, "top": rows}
 
 
+def check_population_memory(model, args, prompt_tokens: list[int], card_bytes: int) -> None:
+    """Refuse, before anything is timed, a population the card cannot hold at any of its seeds per step: one seed
+    at a time holds the Perturber's base copy beside `batch` slots, S seeds hold batch·S slots (no copy), and the
+    agreement check the copy beside one seed's slots again."""
+    capacity = max(prompt_tokens) + args.new_tokens
+    for per_step in args.seeds_per_step:
+        slots = args.batch * per_step
+        memory.check_fits(memory.generation_peak(model, slots, capacity, switched_copy=per_step == 1), card_bytes,
+                          f"engine bench: {per_step} seed(s) per step ({slots} slots × {capacity} positions)")
+
+
 def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_model=None) -> dict:
     """Seeds/s of a population per engine, `--repeats` times, on the RandOpt speedrun's clock: N seeds over the
     wall clock of the loop that, per seed, switches the weights, generates every prompt (each completion ending
@@ -340,7 +353,7 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
                                                             draws[s] or [args.new_tokens] * len(prompts), args.batch)
                                      for s in chunk]))
         return out
-    perturber = Perturber(model)
+    perturber = None  # one seed at a time's weight switch; its base copy is freed before seeds decode together
     single: dict = {}  # engine name → single_seed_reference, made once for every seeds_per_step
     out = {"seeds": args.seeds, "sigma": args.sigma, "prompts": len(prompts), "lengths": args.lengths,
            "clock": "switch + generation + grading, wall clock", "floor_seeds_per_s": floor_seeds_per_s,
@@ -350,6 +363,8 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
             engine = bench_engine(name, model, tok, args.batch, ThroughputMeter(sync=sync), seeds_per_step=per_step)
             chunks = [seeds[at:at + per_step] for at in range(0, len(seeds), per_step)]
             if per_step == 1:
+                perturber = perturber or Perturber(model)
+
                 def decode(chunk):
                     perturber.apply(chunk[0], args.sigma)
                     return [engine.generate(prompts, args.new_tokens, lengths=draws[chunk[0]])]
@@ -383,7 +398,9 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
                                      "floor": schedule_floor(schedule, parts), **timed}
             if per_step > 1:  # the order of the seeded linear's sums, which its tokens follow
                 out["engines"][label]["seeded_linear"] = {"backend": weights.backend, "launch": str(weights.launch)}
-            perturber.restore_base()
+            if perturber is not None:
+                perturber.restore_base()
+                perturber = None
             if per_step > 1 and args.agreement:
                 if name not in single:
                     single[name] = single_seed_reference(model, tok, name, args, prompts, draws,
