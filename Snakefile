@@ -36,8 +36,9 @@ if "conda" not in {str(m).lower() for m in workflow.deployment_settings.deployme
 shell.prefix(_prefix)
 
 
-# The report lands on the run's verdicts (rule run_summary's text) once they exist, else on the description.
-_landing = os.path.abspath("results/report/landing.rst")
+# The report lands on the experiment's verdicts (rule run_summary's text, one per experiment) once they exist,
+# else on the description.
+_landing = os.path.abspath(f"results/report/{config['experiment']}/landing.rst")
 report: _landing if os.path.exists(_landing) else "workflow_src/report/captions/workflow.rst"
 
 
@@ -61,11 +62,15 @@ localrules:
     operator_evidence,
     operator_evidence_record,
     run_summary,
+    external_code,
+    pair_evidence_record,
+    pair,
 
 
 include: "rules/common.smk"
 include: "rules/config.smk"
 include: "rules/environment.smk"
+include: "rules/code.smk"
 include: "rules/checkpoint.smk"
 include: "rules/speedup_common.smk"
 include: "rules/randopt_common.smk"
