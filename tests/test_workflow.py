@@ -253,7 +253,10 @@ def test_full_run_then_nothing_to_do(tiny_workflow):
     assert speed["protocol"]["mode"] == "production" and speed["protocol"]["repeats"] == 1
     assert [w["window"] for w in speed["noise"]["windows"]] == [1, 2] and speed["noise"]["max_ab_gap"] >= 0
     assert isinstance(speed["noise"]["warnings"], list)
-    assert speed["bitwise"]["run"] == "optimized" and speed["headline"]["counts"] is True
+    assert speed["bitwise"]["run"] == "optimized" and speed["bitwise"]["counts"] is True
+    # whether the headline counts is the verdict's: its bitwise check and the noise of its window
+    assert speed["headline"]["counts"] == speed["verdict"]["counts"]
+    assert [r["kind"] for r in speed["verdict"]["reasons"]] in ([], ["noise"])
     assert {k: v["service"] for k, v in speed["reward_services"].items()} == {"A": "upstream", "opt": "tuned",
                                                                               "B": "upstream"}
     alone = json.loads((res / "speedup/training_code_alone/speedup.json").read_text())
@@ -489,7 +492,7 @@ def check_landing_view(workdir: Path) -> None:
     res = workdir / "results"
     for exp in ("full", "training_code_alone"):
         speed = json.loads((res / f"speedup/{exp}/speedup.json").read_text())
-        assert f"{exp} : {speed['headline']['text']}" in text, exp
+        assert f"{exp} : {speed['verdict']['text']} : {speed['headline']['text']}" in text, exp
     for c in json.loads((res / "bitwise/wftest/comparison.json").read_text())["comparisons"]:
         assert f"{c['candidate']} against {c['reference']}: {c['message']}" in text, c["candidate"]
     head = json.loads((res / "randopt/wftest/record.json").read_text())["accuracy"]["headline"]
