@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +45,19 @@ def provenance(
         "environment_sha256": env_hash,
         "git": git_state(),
         "sources_sha256": source_hashes()["sha256"],
+        "speedproof_version": package_version(),
     }
     if code:
         block["code"] = code_block(code)
     return block
+
+
+def package_version() -> str | None:
+    """The installed distribution's version (an installed package has no git commit of its own)."""
+    try:
+        return metadata.version("speedproof")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def code_block(paths: Sequence[str | Path]) -> dict[str, Any]:
