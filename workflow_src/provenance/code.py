@@ -119,6 +119,7 @@ def source_files(patterns: Sequence[str], key: str, root: Path) -> dict[str, Pat
         raise CodeError(f"{key}: no path or glob given")
     found: dict[str, Path] = {}
     for pattern in patterns:
+        pattern = os.path.expanduser(pattern)
         base = pattern if os.path.isabs(pattern) else str(root / pattern)
         hits = []
         for hit in sorted(glob.glob(base, recursive=True)):
@@ -164,7 +165,7 @@ def identify(ext: Mapping[str, Any], side: str, root: Path | None = None) -> dic
         digest = files_digest(source_files(patterns, skey, root))
         return {"side": side, "kind": "files", "repo": None, "ref": None, "commit": None, "tree": None,
                 "state": "files", "sources": patterns, "files_sha256": digest["files_sha256"]}
-    repo_value = ext["repo"]
+    repo_value = os.path.expanduser(ext["repo"])
     repo = checkout_root(repo_value if os.path.isabs(repo_value) else root / repo_value)
     ref = ext.get(f"{side}_ref")
     if ref is not None:
