@@ -461,7 +461,7 @@ def test_config_change_reruns_only_what_reads_it(tiny_config_changed):
 
 def test_report_builds_with_the_plot(tiny_workflow, tmp_path):
     workdir = tiny_workflow.copy_of(tmp_path)
-    smk(workdir, "--report", "results/report.html")
+    smk(workdir, "--report", "results/report.html", "--report-stylesheet", str(REPO / "workflow_src/report/report.css"))
     html = (workdir / "results/report.html").read_text()
     assert "tiny-test.png" in html and "summary.html" in html
     assert "Pretraining" in html

@@ -25,7 +25,9 @@ from typing import Any
 
 import yaml
 
-from workflow_src.config_schema import WORKFLOW_DIR
+from workflow_src.config_schema import PACKAGE_DIR, WORKFLOW_DIR
+
+REPORT_CSS = PACKAGE_DIR / "report" / "report.css"  # the landing view from the top (workflow_src/report/report.css)
 
 
 def snakefile() -> Path:
@@ -97,7 +99,8 @@ def cmd_report(args: argparse.Namespace, rest: list[str]) -> int:
     configs = [yaml.safe_load(Path(f).read_text()) or {} for f in args.configfile]
     experiment = next((c["experiment"] for c in reversed(configs) if "experiment" in c), "default")
     out = args.out or f"results/report/{experiment}.html"
-    return snakemake(["--report", out, *rest], args.configfile, args.cores, False)
+    return snakemake(["--report", out, "--report-stylesheet", str(REPORT_CSS), *rest], args.configfile, args.cores,
+                     False)
 
 
 def build_parser() -> argparse.ArgumentParser:

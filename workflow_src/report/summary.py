@@ -46,7 +46,13 @@ def speedup_lines(sp: Mapping[str, Any]) -> list[str]:
     if sp.get("auto"):
         line += f"; auto repeats: {sp['auto']['why']}"
     lines.append(line)
-    return lines + [f"warning ({sp['experiment']}): {w}" for w in noise.get("warnings") or []]
+    return lines
+
+
+def warning_lines(speedups: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The protocol's noise warnings, after every verdict (they name each window that warns)."""
+    return [f"{sp['experiment']}: {w}" for sp in sorted(speedups, key=lambda s: s["experiment"])
+            for w in sp["noise"].get("warnings") or []]
 
 
 def code_lines(records: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -111,6 +117,9 @@ def sections(speedups: Sequence[Mapping[str, Any]], bitwise: Mapping[str, Any] |
         out.append(("RandOpt", lines))
     if code:
         out.append(("Measured code", code_lines(code)))
+    warnings = warning_lines(speedups)
+    if warnings:
+        out.append(("Noise warnings", warnings))
     return out
 
 
