@@ -471,10 +471,9 @@ def test_report_builds_with_the_plot(tiny_workflow, tmp_path):
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 
 
-def check_landing_view(workdir: Path) -> None:
-    """The report opened in headless Chromium (JavaScript run, as a user's browser runs it) shows the run's
-    verdicts on its landing view: each comparison's headline, each bitwise verdict and RandOpt's base against
-    ensemble, read from the artifacts, in the rendered page outside any script."""
+def rendered_report_text(report: Path, profile: Path) -> str:
+    """The report opened in headless Chromium at 1280×720 (JavaScript run, as a user's browser runs it): the text
+    of the rendered page outside any script or style; skips where no Chromium is installed."""
     import html as html_lib
     import re
     import shutil
@@ -483,12 +482,18 @@ def check_landing_view(workdir: Path) -> None:
         pytest.skip("no Chromium for the browser check: apt-get install chromium (.ci/run does)")
     proc = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                           f"--user-data-dir={workdir / 'chromium-profile'}", "--virtual-time-budget=10000",
-                           "--dump-dom", (workdir / "results/report.html").as_uri()],
+                           "--window-size=1280,720", f"--user-data-dir={profile}", "--virtual-time-budget=10000",
+                           "--dump-dom", report.as_uri()],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     page = re.sub(r"<(script|style)\b.*?</\1>", " ", proc.stdout, flags=re.S)
-    text = html_lib.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page)))
+    return html_lib.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page)))
+
+
+def check_landing_view(workdir: Path) -> None:
+    """The report shows the run's verdicts on its landing view: each comparison's verdict and headline, each
+    bitwise verdict and RandOpt's base against ensemble, read from the artifacts, in the rendered page."""
+    text = rendered_report_text(workdir / "results/report.html", workdir / "chromium-profile")
     res = workdir / "results"
     for exp in ("full", "training_code_alone"):
         speed = json.loads((res / f"speedup/{exp}/speedup.json").read_text())
