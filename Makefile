@@ -18,10 +18,10 @@ $(STAMP): requirements.txt requirements-lock.txt
 
 run: $(STAMP)
 	snakemake --cores $(CORES)
-	snakemake --report results/report.html
+	snakemake --report results/report.html --report-stylesheet workflow_src/report/report.css
 
 report: $(STAMP)
-	snakemake --report results/report.html
+	snakemake --report results/report.html --report-stylesheet workflow_src/report/report.css
 
 # Two workers (pytest-xdist), each file's tests on one of them; the files that run the tiny workflow start first
 # (tests/conftest.py). TEST_WORKERS=0 runs the suite in this process.

@@ -12,8 +12,11 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
-# The rules' helpers import the package from this checkout (jobs get it through PYTHONPATH, below).
-sys.path.insert(0, workflow.basedir)
+# The rules' helpers import the package from this checkout (jobs get it through PYTHONPATH, below); a workflow
+# packaged by `pip install .` (workflow_src/_workflow/) imports the installed package.
+if os.path.isfile(os.path.join(workflow.basedir, "workflow_src", "__init__.py")):
+    sys.path.insert(0, workflow.basedir)
+import workflow_src
 import yaml
 from workflow_src.config_checks import ConfigError, check_config, schema_problems
 
@@ -28,16 +31,18 @@ try:
 except ConfigError as e:
     raise WorkflowError(str(e)) from None
 
-# Jobs run `python -m workflow_src...` from this checkout, with the interpreter that runs
+# Jobs run `python -m workflow_src...` from this checkout (or the installed package), with the interpreter that runs
 # Snakemake unless rules run in conda environments (--sdm conda), which bring their own.
-_prefix = f'export PYTHONPATH="{workflow.basedir}${{{{PYTHONPATH:+:$PYTHONPATH}}}}"; '
+_package_parent = os.path.dirname(os.path.dirname(os.path.abspath(workflow_src.__file__)))
+_prefix = f'export PYTHONPATH="{_package_parent}${{{{PYTHONPATH:+:$PYTHONPATH}}}}"; '
 if "conda" not in {str(m).lower() for m in workflow.deployment_settings.deployment_method}:
     _prefix += f'export PATH="{os.path.dirname(sys.executable)}:$PATH"; '
 shell.prefix(_prefix)
 
 
-# The report lands on the run's verdicts (rule run_summary's text) once they exist, else on the description.
-_landing = os.path.abspath("results/report/landing.rst")
+# The report lands on the experiment's verdicts (rule run_summary's text, one per experiment) once they exist,
+# else on the description.
+_landing = os.path.abspath(f"results/report/{config['experiment']}/landing.rst")
 report: _landing if os.path.exists(_landing) else "workflow_src/report/captions/workflow.rst"
 
 
@@ -61,11 +66,15 @@ localrules:
     operator_evidence,
     operator_evidence_record,
     run_summary,
+    external_code,
+    pair_evidence_record,
+    pair,
 
 
 include: "rules/common.smk"
 include: "rules/config.smk"
 include: "rules/environment.smk"
+include: "rules/code.smk"
 include: "rules/checkpoint.smk"
 include: "rules/speedup_common.smk"
 include: "rules/randopt_common.smk"

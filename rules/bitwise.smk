@@ -9,6 +9,7 @@ rule deterministic_run:
     params:
         command=bitwise_command,
         steps=lambda w: bitwise_config()["steps"],
+        flags=bitwise_run_flags,
     log:
         "results/logs/bitwise/{exp}/{run}.log",
     threads: bitwise_run_threads
@@ -21,7 +22,7 @@ rule deterministic_run:
         "../envs/speedproof.yaml"
     shell:
         "python -m workflow_src.bitwise.deterministic_run --run {wildcards.run} --command {params.command:q}"
-        " --steps {params.steps} --out {output} > {log} 2>&1"
+        " --steps {params.steps} --out {output} {params.flags} > {log} 2>&1"
 
 
 rule bitwise_compare:

@@ -20,40 +20,33 @@ def bitwise_subject(name):
     return bitwise_runs()[name]["subject"]
 
 
-def bitwise_command_from_speedup(name):
-    """True for an external run without a command of its own: it runs speedup.external's command of its side."""
-    run = bitwise_runs()[name]
-    return bitwise_subject(name) == "external" and not run.get("command")
-
-
 def bitwise_external_command(name):
-    """An external run's shell command: its own, else speedup.external.baseline or .optimized after its impl."""
+    """An external run's shell command (its own, else its side's: speedup.external.<impl> or .command), run
+    where its side's code is (config_checks.bitwise_problems refused a run without one before any job)."""
     run = bitwise_runs()[name]
-    if run.get("command"):
-        return run["command"]
-    side = run["impl"]
-    command = speedup_config()["external"].get(side)
-    if not command:  # config_checks.bitwise_problems stops this before any job; kept for direct callers
-        raise ValueError(f"bitwise.runs.{name}: an external run needs bitwise.runs.{name}.command or "
-                         f"speedup.external.{side}")
-    return command
+    return external_command(run["impl"], run.get("command"))
 
 
 def bitwise_sections(name):
-    """The config sections a run's records depend on (provenance and rerun on change)."""
+    """The config sections a run's records depend on (provenance and rerun on change); an external run's
+    command is a parameter of its rule and its code the record of its side."""
     sections = [section_file(f"bitwise.runs.{name}"), section_file("bitwise.steps")]
     if bitwise_subject(name) == "rl":
         return [section_file("rl")] + sections
-    if bitwise_command_from_speedup(name):
-        sections.append(section_file("speedup.external"))
     return sections
+
+
+def bitwise_code(*names):
+    """The code records of the sides the given external runs ran."""
+    return code_files(*sorted({bitwise_runs()[n]["impl"] for n in names}))
 
 
 def bitwise_run_inputs(wildcards):
     name = wildcards.run
     if bitwise_subject(name) == "external":
         # An external subject brings its own model and data: no checkpoint and no reward service here.
-        return {"sections": bitwise_sections(name), "environment": "results/env/environment.json"}
+        return {"sections": bitwise_sections(name), "environment": "results/env/environment.json",
+                "code": bitwise_code(name)[0]}
     return {"checkpoint": f"results/checkpoints/{MODEL}", "rl": section_file("rl"),
             "task": section_file("task.synthetic_arithmetic"), "run": section_file(f"bitwise.runs.{name}"),
             "steps": section_file("bitwise.steps"), "reward": section_file("reward"),
@@ -101,13 +94,19 @@ def bitwise_compare_inputs(wildcards):
               "sections": bitwise_sections(wildcards.run), "environment": "results/env/environment.json"}
     if bitwise_subject(wildcards.run) == "rl":
         inputs["checkpoint"] = f"results/checkpoints/{MODEL}"
+    else:
+        inputs["code"] = bitwise_code(bitwise_config()["reference"], wildcards.run)
     return inputs
 
 
 def bitwise_compare_flags(wildcards, input):
     if "checkpoint" in input.keys():
         return f"--checkpoint-manifest {shlex.quote(f'{input.checkpoint}/MANIFEST.json')}"
-    return ""
+    return "--code " + " ".join(shlex.quote(c) for c in input.code)
+
+
+def bitwise_run_flags(wildcards, input):
+    return f"--code {shlex.quote(input.code)}" if "code" in input.keys() else ""
 
 
 def bitwise_summary_subjects(wildcards):

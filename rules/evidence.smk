@@ -197,3 +197,34 @@ rule switch_bench:
 rule operator_evidence:
     input:
         f"results/evidence/{OPERATOR_CLAIM}/record.appended",
+
+
+# An external pair's comparisons, bitwise verdicts and measured code (target pair) as one record in the ledger,
+# written whatever the verdict: an inconclusive or failed one is said there too.
+rule pair_evidence_record:
+    input:
+        speedups=speedup_json_files(),
+        bitwise=f"results/bitwise/{EXP}/comparison.json",
+        sections=experiment_sections(),
+        environment="results/env/environment.json",
+        code=code_files(*SIDES) if CODE else [],
+    output:
+        f"results/evidence/{PAIR_CLAIM}/record.json",
+    params:
+        claim=PAIR_CLAIM,
+        command=evidence_command("pair"),
+    log:
+        "results/logs/evidence/pair_evidence_record.log",
+    conda:
+        "../envs/speedproof.yaml"
+    shell:
+        "python -m workflow_src.bench.evidence pair --bench {input.speedups} {input.bitwise} --claim {params.claim}"
+        " --command {params.command:q} --environment {input.environment} --config-sections {input.sections}"
+        " --code {input.code} --out {output} > {log} 2>&1"
+
+
+# A user's own pair (every comparison and bitwise run external): environment, code, launches, bitwise runs,
+# comparison, manifest, summary, landing text and its ledger record; none of the embedded model.
+rule pair:
+    input:
+        lambda w: pair_target(),

@@ -1,13 +1,11 @@
 rule experiment_manifest:
     input:
-        outputs=report_outputs(),
-        sections=experiment_sections(),
-        environment="results/env/environment.json",
-        checkpoint=f"results/checkpoints/{MODEL}",
+        unpack(manifest_inputs),
     output:
         "results/manifests/{exp}.json",
     params:
         config=lambda w: json.dumps(config, sort_keys=True),
+        flags=manifest_flags,
     log:
         "results/logs/manifest/{exp}.log",
     conda:
@@ -15,5 +13,5 @@ rule experiment_manifest:
     shell:
         "python -m workflow_src.provenance.manifest --experiment {wildcards.exp}"
         " --config-json {params.config:q} --environment {input.environment}"
-        " --checkpoint {input.checkpoint} --sections {input.sections} --outputs {input.outputs}"
+        " --sections {input.sections} --outputs {input.outputs} {params.flags}"
         " --out {output} 2> {log}"

@@ -107,3 +107,26 @@ rule rl_gpu_busy:
         " && ({params.command}) > {log} 2>&1"
         " && python -m workflow_src.subjects.rl.gpu_busy --steps {params.run}/steps.jsonl --side {wildcards.side}"
         " --exp {wildcards.exp} --out {output} >> {log} 2>&1"
+
+
+# speedup.repeats auto: after triple k, whether triple k + 1 runs (workflow_src/speedup/auto.py). A checkpoint:
+# the comparison's launches and its paired result are planned from these decisions.
+checkpoint speedup_auto_decision:
+    input:
+        unpack(speedup_auto_inputs),
+    output:
+        "results/speedup/{exp}/auto/{k}.json",
+    wildcard_constraints:
+        k=r"[1-9][0-9]*",
+    params:
+        warmup=lambda w: speedup_config()["warmup"],
+        windows=lambda w: speedup_config()["windows"],
+        window_steps=lambda w: speedup_config()["window_steps"],
+        flags=speedup_auto_flags,
+    log:
+        "results/logs/speedup/{exp}/auto_{k}.log",
+    conda:
+        "../envs/speedproof.yaml"
+    shell:
+        "python -m workflow_src.speedup.auto --exp {wildcards.exp} {params.flags} --warmup {params.warmup}"
+        " --windows {params.windows} --window-steps {params.window_steps} --out {output} 2> {log}"

@@ -4,9 +4,8 @@ import json
 import shlex
 
 from workflow_src.speedup import LAUNCHES, PREDECESSOR, launch_name, parse_launch_name
-
-# Which side of a comparison each launch role runs.
-SPEEDUP_SIDE = {"A": "baseline", "opt": "optimized", "B": "baseline"}
+from workflow_src.speedup.plan import SIDE as SPEEDUP_SIDE
+from workflow_src.speedup.plan import is_auto, launch_names, steps_per_launch
 
 
 def speedup_config():
@@ -15,8 +14,7 @@ def speedup_config():
 
 def speedup_steps():
     """Steps per launch: warmup + windows × window_steps (reference: 10 + 3 × 2 = 16)."""
-    s = speedup_config()
-    return s["warmup"] + s["windows"] * s["window_steps"]
+    return steps_per_launch(speedup_config())
 
 
 def speedup_comparison(exp):
@@ -36,9 +34,23 @@ def speedup_mode(exp):
     return speedup_comparison(exp).get("mode") or speedup_config()["mode"]
 
 
-def speedup_launch_names():
-    """A, opt, B of every triple: A, opt, B, then A2, opt2, B2, ... (speedup.repeats triples)."""
-    return [launch_name(role, k) for k in range(1, speedup_config()["repeats"] + 1) for role in LAUNCHES]
+def speedup_triples(exp):
+    """How many triples the comparison runs: speedup.repeats, or with auto as many as its decisions ran (each
+    decision a checkpoint: evaluating this waits for them)."""
+    if not is_auto(speedup_config()):
+        return speedup_config()["repeats"]
+    k = 1
+    while True:
+        with open(checkpoints.speedup_auto_decision.get(exp=exp, k=str(k)).output[0]) as f:
+            if json.load(f)["stop"]:
+                return k
+        k += 1
+
+
+def speedup_launch_names(exp=None):
+    """A, opt, B of every triple: A, opt, B, then A2, opt2, B2, ... (the comparison's triples; without a
+    comparison, speedup.repeats's fixed number)."""
+    return launch_names(speedup_config()["repeats"] if exp is None else speedup_triples(exp))
 
 
 def speedup_switches(exp, launch):
@@ -71,12 +83,8 @@ def speedup_command(exp, launch, steps=None, extra=""):
     deterministic = " --deterministic" if speedup_mode(exp) == "deterministic" else ""
     tail = f'{switch_args}{deterministic} --steps {steps or speedup_steps()}{extra} --out "$SPEEDPROOF_OUT"'
     subject = comp["subject"]
-    if subject == "external":
-        command = speedup_config()["external"].get(side)
-        if not command:
-            raise ValueError(f"speedup.comparisons.{exp} uses subject 'external' but speedup.external.{side} "
-                             "(the subject's shell command) is not set")
-        return f"{command}{tail}"
+    if subject == "external":  # config_checks refused a side without a command before this runs
+        return f"{external_command(side)}{tail}"
     if subject == "rl":
         settings = json.dumps(comp[f"{side}_settings"], sort_keys=True)
         serve = reward_serve_prefix(reward_service_name(exp, side), '"$SPEEDPROOF_OUT/reward_service.json"')
@@ -91,7 +99,8 @@ def speedup_sections(exp):
     """The config sections a comparison's launches read (provenance and rerun on change)."""
     sections = [section_file(f"speedup.comparisons.{exp}")]
     if speedup_subject(exp) == "external":
-        sections.append(section_file("speedup.external"))
+        # how its log is read; its command is a parameter of the launch and its code a record of each side
+        sections.append(section_file("speedup.external.log"))
     else:
         sections += [section_file("rl"), section_file("task.synthetic_arithmetic"), section_file("reward")]
     return sections
@@ -109,12 +118,20 @@ def speedup_launch_inputs(wildcards):
         inputs["checkpoint"] = f"results/checkpoints/{MODEL}"
         inputs["reward_environment"] = "results/env/reward_environment.json"
     role, repeat = parse_launch_name(wildcards.launch)
+    if speedup_subject(wildcards.exp) == "external":
+        inputs["code"] = code_files(SPEEDUP_SIDE[role])[0]
     prev = PREDECESSOR[role]
     if prev is not None:
         inputs["after"] = f"results/speedup/{wildcards.exp}/{launch_name(prev, repeat)}"
     elif repeat > 1:
         inputs["previous_triple"] = f"results/speedup/{wildcards.exp}/{launch_name('B', repeat - 1)}"
+        if is_auto(speedup_config()):  # the decision that asked for this triple
+            inputs["decision"] = speedup_auto_file(wildcards.exp, repeat - 1)
     return inputs
+
+
+def speedup_auto_file(exp, k):
+    return f"results/speedup/{exp}/auto/{k}.json"
 
 
 def speedup_launch_flags(wildcards, input):
@@ -131,14 +148,19 @@ def speedup_launch_flags(wildcards, input):
         flags += ["--switches", *switches]
     if speedup_subject(wildcards.exp) == "external":
         log = speedup_config()["external"]["log"]
-        flags += ["--log-file", log["file"], "--log-format", log["format"]]
+        flags += ["--code", input.code, "--log-file", log["file"], "--log-format", log["format"]]
         if log.get("pattern"):
             flags += ["--log-pattern", log["pattern"]]
     return " ".join(shlex.quote(f) for f in flags)
 
 
 def speedup_paired_inputs(wildcards):
-    inputs = {launch: f"results/speedup/{wildcards.exp}/{launch}" for launch in speedup_launch_names()}
+    triples = speedup_triples(wildcards.exp)
+    inputs = {launch: f"results/speedup/{wildcards.exp}/{launch}" for launch in launch_names(triples)}
+    if is_auto(speedup_config()):
+        inputs["auto"] = speedup_auto_file(wildcards.exp, triples)
+    if speedup_subject(wildcards.exp) == "external":
+        inputs["code"] = code_files(*SIDES)
     inputs["environment"] = "results/env/environment.json"
     inputs["sections"] = speedup_sections(wildcards.exp)
     if speedup_uses_checkpoint(wildcards.exp):
@@ -157,7 +179,7 @@ def speedup_bitwise_run(exp):
     switches."""
     wanted = sorted(speedup_switches(exp, "opt"))
     subject = speedup_subject(exp)
-    optimized_command = speedup_config()["external"].get("optimized")
+    optimized_command = side_command(EXTERNAL, "optimized")
     for name, run in sorted(config["bitwise"]["runs"].items()):
         if (run["subject"], run["impl"], run["expect"]) != (subject, "optimized", "pass"):
             continue
@@ -175,7 +197,7 @@ def speedup_bitwise_run(exp):
 
 def speedup_paired_launch_args(wildcards, input):
     """--A, --opt and --B, each with one directory per triple (in triple order)."""
-    repeats = range(1, speedup_config()["repeats"] + 1)
+    repeats = range(1, speedup_triples(wildcards.exp) + 1)
     return " ".join(f"--{role} " + " ".join(shlex.quote(input[launch_name(role, k)]) for k in repeats)
                     for role in LAUNCHES)
 
@@ -183,7 +205,11 @@ def speedup_paired_launch_args(wildcards, input):
 def speedup_paired_flags(wildcards, input):
     s = speedup_config()
     max_gap_s = 0 if s["max_gap_s"] is None else s["max_gap_s"]  # the CLI's "no limit"
-    flags = [f"--noise-warn {s['noise_warn']!r}", f"--max-gap-s {max_gap_s!r}"]
+    flags = [f"--noise-warn {s['noise_warn']!r}", f"--max-gap-s {max_gap_s!r}", f"--noise-margin {s['noise_margin']!r}"]
+    if "auto" in input.keys():
+        flags.append(f"--auto {shlex.quote(input.auto)}")
+    if "code" in input.keys():
+        flags.append("--code " + " ".join(shlex.quote(c) for c in input.code))
     if speedup_uses_checkpoint(wildcards.exp):
         flags.append(f"--checkpoint-manifest {shlex.quote(f'{input.checkpoint}/MANIFEST.json')}")
     if "bitwise" in input.keys():
@@ -226,5 +252,30 @@ def speedup_outputs(exps=None):
     exps = sorted(speedup_config()["comparisons"]) if exps is None else exps
     names = ("speedup.json", "windows.csv", "windows.html", "ratios.png", "trace.png")
     outs = [f"results/speedup/{exp}/{name}" for exp in exps for name in names]
-    outs.extend(f"results/speedup/{exp}/{launch}" for exp in exps for launch in speedup_launch_names())
+    if not is_auto(speedup_config()):  # auto's launches are known once its decisions are (speedup_launch_dirs)
+        outs.extend(f"results/speedup/{exp}/{launch}" for exp in exps for launch in speedup_launch_names())
     return outs
+
+
+def speedup_launch_dirs(wildcards=None):
+    """Every launch directory of every comparison (with auto, after its decisions)."""
+    return [f"results/speedup/{exp}/{launch}" for exp in sorted(speedup_config()["comparisons"])
+            for launch in speedup_launch_names(exp)]
+
+
+def speedup_auto_inputs(wildcards):
+    """Decision k reads triples 1..k."""
+    k = int(wildcards.k)
+    return {launch: f"results/speedup/{wildcards.exp}/{launch}" for launch in launch_names(k)}
+
+
+def speedup_auto_flags(wildcards, input):
+    s = speedup_config()
+    k = int(wildcards.k)
+    launches = " ".join(f"--{role} " + " ".join(shlex.quote(input[launch_name(role, r)]) for r in range(1, k + 1))
+                        for role in LAUNCHES)
+    flags = [launches, f"--noise-margin {s['noise_margin']!r}", f"--max-triples {s['auto']['max_triples']}",
+             f"--max-gap-s {0 if s['max_gap_s'] is None else s['max_gap_s']!r}"]
+    if s["auto"]["max_seconds"] is not None:
+        flags.append(f"--max-seconds {s['auto']['max_seconds']!r}")
+    return " ".join(flags)

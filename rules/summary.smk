@@ -1,23 +1,19 @@
-# The run's verdicts on one screen (workflow_src/report/summary.py): results/summary.md, and the report's landing
-# text, which the Snakefile's `report:` takes once it exists.
+# The experiment's verdicts on one screen (workflow_src/report/summary.py): results/summary/{experiment}.md, and
+# the report's landing text, results/report/{experiment}/landing.rst, which the Snakefile's `report:` takes once
+# it exists. A pair's names its measured code and reads no RandOpt record.
 rule run_summary:
     input:
-        speedups=speedup_json_files(),
-        bitwise=f"results/bitwise/{EXP}/comparison.json",
-        randopt=f"results/randopt/{EXP}/record.json",
-        records_appended=f"results/randopt/{EXP}/record.appended",
+        unpack(summary_inputs),
     output:
-        md="results/summary.md",
-        rst="results/report/landing.rst",
+        md=SUMMARY_MD,
+        rst=LANDING_RST,
     params:
         experiment=EXP,
-        checkpoint=MODEL,
-        source=CKPT_SOURCE,
+        flags=summary_flags,
     log:
-        "results/logs/summary.log",
+        f"results/logs/summary/{EXP}.log",
     conda:
         "../envs/speedproof.yaml"
     shell:
         "python -m workflow_src.report.summary --speedup {input.speedups} --bitwise {input.bitwise}"
-        " --randopt {input.randopt} --records results/records/records.csv --experiment {params.experiment}"
-        " --checkpoint {params.checkpoint} --source {params.source} --md {output.md} --rst {output.rst} 2> {log}"
+        " --experiment {params.experiment:q} {params.flags} --md {output.md} --rst {output.rst} 2> {log}"

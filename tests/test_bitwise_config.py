@@ -50,7 +50,7 @@ def test_external_run_needs_a_command():
     cfg = changed(EXTERNAL, lambda c: c["speedup"]["external"].pop("optimized"))
     assert problems(cfg) == [
         "bitwise.runs.optimized: an external run needs a shell command: set bitwise.runs.optimized.command, or "
-        "speedup.external.optimized (the default of a run with impl optimized)"]
+        "speedup.external.optimized or speedup.external.command (the default of a run with impl optimized)"]
     # the control brings its own command, so only the run that would fall back on the missing one is named
     cfg["bitwise"]["runs"]["optimized"]["command"] = f"{TRAINER} --impl optimized"
     assert problems(cfg) == []

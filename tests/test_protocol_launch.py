@@ -362,6 +362,7 @@ validate(config, "{REPO}/config/schema.yaml", set_default=True)
 include: "{REPO}/rules/common.smk"
 include: "{REPO}/rules/config.smk"
 include: "{REPO}/rules/environment.smk"
+include: "{REPO}/rules/code.smk"
 include: "{REPO}/rules/speedup_common.smk"
 include: "{REPO}/rules/bitwise_common.smk"
 include: "{REPO}/rules/speedup.smk"
@@ -380,6 +381,7 @@ def test_rules_run_launches_in_order(tmp_path):
                     "comparisons": {"ext": {"subject": "external", "switches": ["fast"]}},
                     "external": {"baseline": f"{sys.executable} {SUBJECT} --step-seconds 0.02 --regex-log",
                                  "optimized": f"{sys.executable} {SUBJECT} --step-seconds 0.01 --regex-log",
+                                 "sources": [str(SUBJECT)],
                                  "log": {"file": "subject.log", "format": "regex", "pattern": REGEX}}},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
@@ -395,7 +397,8 @@ def test_rules_run_launches_in_order(tmp_path):
     assert {m["mode"] for m in metas.values()} == {"production"}
     assert "--deterministic" not in metas["A"]["command"]
     assert metas["opt"]["switches"] == ["fast"] and "--switches fast" in metas["opt"]["command"]
-    assert set(metas["A"]["provenance"]["config_sections"]) == {"speedup.comparisons.ext", "speedup.external"}
+    assert set(metas["A"]["provenance"]["config_sections"]) == {"speedup.comparisons.ext", "speedup.external.log"}
+    assert metas["A"]["code"]["sources"] == [str(SUBJECT)] and metas["A"]["code"]["files_sha256"]
     doc = json.loads((res / "speedup.json").read_text())
     assert 1.5 <= doc["headline"]["ratio"] <= 2.5 and doc["protocol"]["repeats"] == 2
     assert doc["protocol"]["max_gap_s"] == 600 and len(doc["noise"]["windows"]) == 2 * WINDOWS

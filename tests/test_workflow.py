@@ -253,7 +253,10 @@ def test_full_run_then_nothing_to_do(tiny_workflow):
     assert speed["protocol"]["mode"] == "production" and speed["protocol"]["repeats"] == 1
     assert [w["window"] for w in speed["noise"]["windows"]] == [1, 2] and speed["noise"]["max_ab_gap"] >= 0
     assert isinstance(speed["noise"]["warnings"], list)
-    assert speed["bitwise"]["run"] == "optimized" and speed["headline"]["counts"] is True
+    assert speed["bitwise"]["run"] == "optimized" and speed["bitwise"]["counts"] is True
+    # whether the headline counts is the verdict's: its bitwise check and the noise of its window
+    assert speed["headline"]["counts"] == speed["verdict"]["counts"]
+    assert [r["kind"] for r in speed["verdict"]["reasons"]] in ([], ["noise"])
     assert {k: v["service"] for k, v in speed["reward_services"].items()} == {"A": "upstream", "opt": "tuned",
                                                                               "B": "upstream"}
     alone = json.loads((res / "speedup/training_code_alone/speedup.json").read_text())
@@ -458,7 +461,7 @@ def test_config_change_reruns_only_what_reads_it(tiny_config_changed):
 
 def test_report_builds_with_the_plot(tiny_workflow, tmp_path):
     workdir = tiny_workflow.copy_of(tmp_path)
-    smk(workdir, "--report", "results/report.html")
+    smk(workdir, "--report", "results/report.html", "--report-stylesheet", str(REPO / "workflow_src/report/report.css"))
     html = (workdir / "results/report.html").read_text()
     assert "tiny-test.png" in html and "summary.html" in html
     assert "Pretraining" in html
@@ -468,10 +471,9 @@ def test_report_builds_with_the_plot(tiny_workflow, tmp_path):
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 
 
-def check_landing_view(workdir: Path) -> None:
-    """The report opened in headless Chromium (JavaScript run, as a user's browser runs it) shows the run's
-    verdicts on its landing view: each comparison's headline, each bitwise verdict and RandOpt's base against
-    ensemble, read from the artifacts, in the rendered page outside any script."""
+def rendered_report_text(report: Path, profile: Path) -> str:
+    """The report opened in headless Chromium at 1280×720 (JavaScript run, as a user's browser runs it): the text
+    of the rendered page outside any script or style; skips where no Chromium is installed."""
     import html as html_lib
     import re
     import shutil
@@ -480,16 +482,22 @@ def check_landing_view(workdir: Path) -> None:
         pytest.skip("no Chromium for the browser check: apt-get install chromium (.ci/run does)")
     proc = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                           f"--user-data-dir={workdir / 'chromium-profile'}", "--virtual-time-budget=10000",
-                           "--dump-dom", (workdir / "results/report.html").as_uri()],
+                           "--window-size=1280,720", f"--user-data-dir={profile}", "--virtual-time-budget=10000",
+                           "--dump-dom", report.as_uri()],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     page = re.sub(r"<(script|style)\b.*?</\1>", " ", proc.stdout, flags=re.S)
-    text = html_lib.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page)))
+    return html_lib.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page)))
+
+
+def check_landing_view(workdir: Path) -> None:
+    """The report shows the run's verdicts on its landing view: each comparison's verdict and headline, each
+    bitwise verdict and RandOpt's base against ensemble, read from the artifacts, in the rendered page."""
+    text = rendered_report_text(workdir / "results/report.html", workdir / "chromium-profile")
     res = workdir / "results"
     for exp in ("full", "training_code_alone"):
         speed = json.loads((res / f"speedup/{exp}/speedup.json").read_text())
-        assert f"{exp} : {speed['headline']['text']}" in text, exp
+        assert f"{exp} : {speed['verdict']['text']} : {speed['headline']['text']}" in text, exp
     for c in json.loads((res / "bitwise/wftest/comparison.json").read_text())["comparisons"]:
         assert f"{c['candidate']} against {c['reference']}: {c['message']}" in text, c["candidate"]
     head = json.loads((res / "randopt/wftest/record.json").read_text())["accuracy"]["headline"]

@@ -12,6 +12,8 @@ from typing import Any
 
 from workflow_src.config_schema import ConfigError
 from workflow_src.config_schema import problems as schema_violations
+from workflow_src.provenance.code import SIDES, CodeError, identify
+from workflow_src.speedup.plan import side_command, uses_external
 
 
 def schema_problems(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
@@ -36,10 +38,10 @@ def speedup_problems(config: dict[str, Any], schema: dict[str, Any] | None = Non
     for exp, comp in sorted(speedup["comparisons"].items()):
         where = f"speedup.comparisons.{exp}"
         if comp["subject"] == "external":
-            for side in ("baseline", "optimized"):
-                if not speedup["external"].get(side):
-                    problems.append(f"{where} uses subject external but speedup.external.{side} (the subject's "
-                                    "shell command) is not set")
+            for side in SIDES:
+                if not side_command(speedup["external"], side):
+                    problems.append(f"{where} uses subject external but neither speedup.external.{side} nor "
+                                    "speedup.external.command (the subject's shell command) is set")
             for key in ("baseline_settings", "optimized_settings", "baseline_reward_service",
                         "optimized_reward_service", "gpu_busy_steps"):
                 if comp.get(key):
@@ -110,9 +112,10 @@ def bitwise_problems(config: dict[str, Any]) -> list[str]:
         subject = run["subject"]
         if subject == "external":
             side = run["impl"]
-            if not run.get("command") and not external.get(side):
+            if not run.get("command") and not side_command(external, side):
                 problems.append(f"{where}: an external run needs a shell command: set {where}.command, or "
-                                f"speedup.external.{side} (the default of a run with impl {side})")
+                                f"speedup.external.{side} or speedup.external.command (the default of a run with "
+                                f"impl {side})")
         elif run.get("command"):
             problems.append(f"{where}.command: only external runs take a command ({where}.subject is {subject}, "
                             "which runs python -m workflow_src.subjects.rl)")
@@ -120,6 +123,22 @@ def bitwise_problems(config: dict[str, Any]) -> list[str]:
             problems.append(f"{where}.subject is {subject} but the reference bitwise.runs.{reference} is "
                             f"{ref_subject}: records of different subjects are never bit-comparable (run the "
                             "other subject's runs in a config of their own, with a reference of that subject)")
+    return problems
+
+
+def external_problems(config: dict[str, Any]) -> list[str]:
+    """Where an external subject is measured, each side's code resolves: its repo is a git checkout, its
+    revision resolves, its checkout is clean (or allow_dirty says to measure it anyway), its sources match
+    files (workflow_src/provenance/code.py)."""
+    if not uses_external(config):
+        return []
+    problems = []
+    for side in SIDES:
+        try:
+            identify(config["speedup"]["external"], side)
+        except CodeError as e:
+            if str(e) not in problems:  # a repo that is no checkout is one problem, not one per side
+                problems.append(str(e))
     return problems
 
 
@@ -163,7 +182,7 @@ def evidence_problems(config: dict[str, Any]) -> list[str]:
 def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -> None:
     """Raise ConfigError naming every cross-field problem (after schema validation filled the defaults). With
     the schema, a comparison's rl settings are also checked against the `rl` section's own schema."""
-    problems = (speedup_problems(config, schema) + bitwise_problems(config) + randopt_problems(config)
-                + evidence_problems(config))
+    problems = (speedup_problems(config, schema) + bitwise_problems(config) + external_problems(config)
+                + randopt_problems(config) + evidence_problems(config))
     if problems:
         raise ConfigError(problems)

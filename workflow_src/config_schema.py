@@ -15,7 +15,18 @@ from typing import Any, Iterator
 
 import yaml
 
-SCHEMA_FILE = Path(__file__).resolve().parent.parent / "config" / "schema.yaml"
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def workflow_dir() -> Path:
+    """The workflow's files (Snakefile, rules/, config/, envs/, profiles/): the checkout this package lives in
+    (a clone, or `pip install -e .`), else the copy a `pip install .` put inside the package (setup.py)."""
+    checkout = PACKAGE_DIR.parent
+    return checkout if (checkout / "Snakefile").is_file() else PACKAGE_DIR / "_workflow"
+
+
+WORKFLOW_DIR = workflow_dir()
+SCHEMA_FILE = WORKFLOW_DIR / "config" / "schema.yaml"
 
 
 class ConfigError(ValueError):

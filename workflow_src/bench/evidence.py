@@ -17,6 +17,9 @@ bitwise `comparison.json`): per comparison, the paired speedup of every A → op
 largest A-vs-B gap; the share of the optimized trainer's compared values that are bit-equal and the step where
 the negative control first diverges. A record whose bitwise comparison did not come out as expected, or whose
 speedup was not measured against the bit-identical run, is refused: a fast wrong trainer is no claim.
+`pair` (an external pair's own results: each comparison's `speedup.json` and the bitwise `comparison.json`): as
+`rl`, with the measured code of both sides and the verdict (counts, inconclusive or does not count, and why) in
+the speedup claim's text, and written whatever the verdict.
 `randopt` (RandOpt records, `results/randopt/{exp}/record.json`): the base's test accuracy and each top-K
 ensemble's difference from it, with the paired bootstrap CI and McNemar's p in the claim's text.
 `operators` (the operator receipt, `results/operators/receipt.json`): per operator and over all, the share of its
@@ -206,17 +209,63 @@ def rl_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, 
                          f"share of the {b['side']} trainer's step the GPU is busy (kernels and copies over wall "
                          f"time, torch profiler; {b['exp']} comparison's settings, profiled steps of a launch of "
                          "its own); one value per profiled step", "share", b["shares"]))
+    return out + bitwise_claims(prefix, bitwise)
+
+
+def bitwise_claims(prefix: str, bitwise: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per compared run: the share of its values bit-equal to the reference's, or a control's first divergence."""
+    out = []
     for c in sorted(bitwise["comparisons"], key=lambda c: c["candidate"]):
         where = f"{c['steps']} steps on {c['ranks']} rank(s), {c['compared']} values"
         if c["expect"] == "pass":
             out.append(claim(f"{prefix}.bitwise.{c['candidate']}.equal_share",
                              f"share of the {c['candidate']} run's values bit-equal to the {c['reference']} run's "
                              f"({where})", "share", [(c["compared"] - c["different"]) / c["compared"]]))
-        elif isinstance(c["first_divergence"]["step"], int):  # not when only the final items differ
+        elif isinstance((c["first_divergence"] or {}).get("step"), int):  # not when only the final items differ
             out.append(claim(f"{prefix}.bitwise.{c['candidate']}.first_divergence_step",
                              f"step where the negative control {c['candidate']} first differs from the "
                              f"{c['reference']} run ({where}; expected to differ)", "step",
                              [c["first_divergence"]["step"]]))
+    return out
+
+
+def code_text(code: Mapping[str, Any] | None) -> str:
+    """'baseline <commit12> (clean) against optimized <commit12> (dirty)', or the files' sha256 outside git."""
+    if not code:
+        return "code not named"
+
+    def one(side: str) -> str:
+        c = code.get(side) or {}
+        if c.get("commit"):
+            return f"{side} {c['commit'][:12]} ({c['state']})"
+        return f"{side} files {str(c.get('files_sha256'))[:12]}"
+    return f"{one('baseline')} against {one('optimized')}"
+
+
+def pair_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """An external pair (a user's own two sides): per comparison, its paired speedup per triple with its verdict
+    and the measured code in the claim's text, whatever the verdict (an inconclusive or failed verdict is said,
+    not hidden), and its largest A-vs-B gap per triple; the bitwise share equal and the control's divergence."""
+    speedups = [r for r in raws if r.get("format") == SPEEDUP_FORMAT]
+    summaries = [r for r in raws if r.get("format") == BITWISE_FORMAT]
+    if len(summaries) != 1 or not speedups or len(speedups) + 1 != len(raws):
+        raise ValueError(f"pair evidence: give each comparison's speedup.json ({SPEEDUP_FORMAT}) and one bitwise "
+                         f"comparison.json ({BITWISE_FORMAT})")
+    out = []
+    for sp in sorted(speedups, key=lambda d: d["experiment"]):
+        exp, proto = sp["experiment"], sp["protocol"]
+        shape = (f"{proto['windows']} windows of {proto['window_steps']} steps after {proto['warmup']} warm-up, "
+                 f"{proto['mode']} mode")
+        out.append(claim(f"{prefix}.{exp}.speedup",
+                         f"paired speedup of the optimized side over the faster baseline of each A→opt→B triple, "
+                         f"the minimum over windows ({exp}: {code_text(sp.get('code'))}; {shape}); one value per "
+                         f"triple; verdict: {sp['verdict']['text']}", "×", [r["headline"]["ratio"] for r in sp["repeats"]]))
+        gaps: dict[int, float] = {}
+        for w in sp["noise"]["windows"]:
+            gaps[w["repeat"]] = max(gaps.get(w["repeat"], 0.0), w["ab_gap"])
+        out.append(claim(f"{prefix}.{exp}.ab_gap", f"the largest gap between baselines A and B in a window ({exp}): "
+                         "the protocol's noise", "share", [gaps[r] for r in sorted(gaps)]))
+    out += bitwise_claims(prefix, summaries[0])
     return out
 
 
@@ -319,7 +368,7 @@ def _engine(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, An
     return engine_claims(prefix, raws[0])
 
 
-KINDS = {"engine": _engine, "switch": switch_claims, "rl": rl_claims, "randopt": randopt_claims,
+KINDS = {"engine": _engine, "switch": switch_claims, "rl": rl_claims, "pair": pair_claims, "randopt": randopt_claims,
          "operators": operator_claims, "seeded_linear": seeded_linear_claims}
 
 
@@ -361,6 +410,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--command", required=True, help="the command that reproduces the record")
     parser.add_argument("--environment")
     parser.add_argument("--config-sections", nargs="*", default=[])
+    parser.add_argument("--code", nargs="*", default=[], help="results/code/EXP/{side}.json (pair)")
     parser.add_argument("--provenance-from-inputs", action="store_true",
                         help="take the provenance block and the date from the inputs (a record built later from a "
                              "run's artifacts, here or elsewhere), not from this checkout")
@@ -371,7 +421,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.provenance_from_inputs:
         prov, date = inputs_provenance(raws)
     else:
-        prov, date = provenance(args.config_sections, None, args.environment), None
+        prov, date = provenance(args.config_sections, None, args.environment, args.code), None
     rec = build_record(args.kind, args.claim, raws, prov, environment, args.command, date=date)
     atomic_write_json(args.out, rec)
     for c in rec["claims"]:

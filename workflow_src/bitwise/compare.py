@@ -479,6 +479,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config-sections", nargs="*", default=[])
     parser.add_argument("--environment")
     parser.add_argument("--checkpoint-manifest")
+    parser.add_argument("--code", nargs="*", default=[],
+                        help="results/code/{experiment}/{side}.json of the sides the two runs ran (external runs)")
     args = parser.parse_args(argv)
     label = args.label or f"{args.reference.name} vs {args.candidate.name}"
     try:
@@ -495,7 +497,11 @@ def main(argv: list[str] | None = None) -> None:
     doc["verdict"] = verdict(doc, args.expect)
     doc["inputs"] = {side: {f"rank{r}.jsonl": sha256_file(p) for r, p in sorted(run.files.items())}
                      for side, run in (("reference", reference), ("candidate", candidate))}
-    doc["provenance"] = provenance(args.config_sections, args.checkpoint_manifest, args.environment)
+    doc["provenance"] = provenance(args.config_sections, args.checkpoint_manifest, args.environment, args.code)
+    # the code each run ran, as its deterministic run kept it (external runs)
+    doc["code"] = {side: json.loads((run.directory / "code.json").read_text())
+                   for side, run in (("reference", reference), ("candidate", candidate))
+                   if (run.directory / "code.json").is_file()} or None
 
     from workflow_src.provenance.atomic import atomic_write_json, atomic_write_text
     atomic_write_text(args.out_csv, csv_text(doc))

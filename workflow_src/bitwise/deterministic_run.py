@@ -1,7 +1,7 @@
 """Run one deterministic run of the bitwise comparison and publish its records atomically (docs/bitwise.md).
 
     python -m workflow_src.bitwise.deterministic_run --command 'python train.py --impl fast' --steps 14 \\
-        --out results/bitwise/{exp}/{run} [--run NAME]
+        --out results/bitwise/{exp}/{run} [--run NAME] [--code results/code/{exp}/{side}.json]
 
 Runs ``<command> --deterministic --steps N --out <staging dir>`` under ``bash -o pipefail -c`` (the staging
 directory's absolute path is also exported as ``$SPEEDPROOF_OUT``, with ``SPEEDPROOF_STEPS``). Every rank is the
@@ -23,7 +23,11 @@ from pathlib import Path
 
 from workflow_src.bitwise.compare import BitwiseError, load_run
 from workflow_src.processes import stop_process
-from workflow_src.provenance.atomic import atomic_directory
+from workflow_src.provenance.atomic import atomic_directory, atomic_write_json
+from workflow_src.provenance.code import load as load_code
+from workflow_src.provenance.code import summary as code_summary
+
+CODE_FILE = "code.json"
 
 
 class RunError(RuntimeError):
@@ -58,7 +62,7 @@ def check_records(staging: Path, out: Path, steps: int, name: str) -> None:
                        f"{steps} (does the command pass --steps on to its trainer?)")
 
 
-def deterministic_run(command: str, steps: int, out: Path, name: str) -> Path:
+def deterministic_run(command: str, steps: int, out: Path, name: str, code: Path | None = None) -> Path:
     with atomic_directory(out) as staging:
         staging = staging.resolve()
         rc = run_command(command, steps, staging)
@@ -66,6 +70,8 @@ def deterministic_run(command: str, steps: int, out: Path, name: str) -> Path:
             how = f"was killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
             raise RunError(f"run {name}: the command {how}; see its output above")
         check_records(staging, out, steps, name)
+        if code is not None:  # the measured code the run ran, beside its records
+            atomic_write_json(staging / CODE_FILE, code_summary(load_code(code)))
     return out
 
 
@@ -80,13 +86,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", required=True, type=int, help="deterministic steps (bitwise.steps)")
     parser.add_argument("--out", required=True, type=Path, help="results/bitwise/{exp}/{run}")
     parser.add_argument("--run", help="the run's name in messages (default: the --out directory's name)")
+    parser.add_argument("--code", type=Path, help="results/code/{experiment}/{side}.json of an external run: "
+                        "its measured code, kept as code.json beside the records")
     args = parser.parse_args(argv)
     name = args.run or args.out.name
     if args.steps < 1:
         raise SystemExit(f"deterministic run {name}: --steps must be >= 1")
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        deterministic_run(args.command, args.steps, args.out, name)
+        deterministic_run(args.command, args.steps, args.out, name, args.code)
     except RunError as e:
         print(f"deterministic run failed: {e}; nothing was kept at {args.out}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -31,7 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-CHECKOUT = Path(__file__).resolve().parents[2]
+from workflow_src.config_schema import WORKFLOW_DIR
+
+CHECKOUT = WORKFLOW_DIR  # relative histogram paths name files of the workflow (config/lengths/)
 BUILTIN = {"gsm8k-like": {"mean": 276.0, "sd": 110.0, "cap": 512, "bin": 8},
            "math-like": {"mean": 700.0, "sd": 450.0, "cap": 2048, "bin": 16}}
 

@@ -2,7 +2,8 @@
 
 sha256 of every output of the experiment, plus what produced them: the full resolved config's
 hash and each config section's, the checkpoint manifest's hash, the environment hash, the git
-commit (+dirty) and the per-file sha256 of the workflow_src sources.
+commit (+dirty) and the per-file sha256 of the workflow_src sources; for an external subject, each side's
+measured code (commit, tree, state, the sha256 of every measured file).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from workflow_src.provenance.atomic import atomic_write_json
+from workflow_src.provenance.code import load as load_code
 from workflow_src.provenance.hashing import hash_tree, sha256_file, sha256_json
 from workflow_src.provenance.sources import source_hashes
 from workflow_src.provenance.stamp import provenance
@@ -31,9 +33,9 @@ def output_hashes(paths: list[str]) -> dict[str, Any]:
 
 
 def build_manifest(experiment: str, config: dict[str, Any], outputs: list[str], sections: list[str],
-                   environment: str | None, checkpoint_dir: str | None) -> dict[str, Any]:
+                   environment: str | None, checkpoint_dir: str | None, code: list[str] = ()) -> dict[str, Any]:
     ckpt_manifest = Path(checkpoint_dir) / "MANIFEST.json" if checkpoint_dir else None
-    prov = provenance(sections, ckpt_manifest, environment)
+    prov = provenance(sections, ckpt_manifest, environment, code)
     files = output_hashes(outputs)
     return {
         "format": "speedproof.experiment-manifest/1",
@@ -44,6 +46,8 @@ def build_manifest(experiment: str, config: dict[str, Any], outputs: list[str], 
         "sources": source_hashes()["files"],
         "outputs": files,
         "outputs_sha256": sha256_json(files),
+        # each side's measured code with the sha256 of every file of it (an external subject's)
+        "measured_code": {(r := load_code(p))["side"]: r for p in code},
     }
 
 
@@ -55,10 +59,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoint")
     parser.add_argument("--sections", nargs="*", default=[])
     parser.add_argument("--outputs", nargs="+", required=True)
+    parser.add_argument("--code", nargs="*", default=[], help="results/code/{experiment}/{side}.json records")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     doc = build_manifest(args.experiment, json.loads(args.config_json), args.outputs, args.sections, args.environment,
-                         args.checkpoint)
+                         args.checkpoint, args.code)
     atomic_write_json(args.out, doc)
 
 

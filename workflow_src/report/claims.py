@@ -47,9 +47,10 @@ def read_record(path: str | Path) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise LedgerError(f"{path}: not an evidence record (format {FORMAT})")
     prov = doc.get("provenance")
-    if not isinstance(prov, dict) or not (prov.get("git") or {}).get("commit") or not prov.get("sources_sha256"):
-        raise LedgerError(f"{path}: no provenance block (git commit and source hashes): a figure without its "
-                          "provenance is not evidence")
+    if (not isinstance(prov, dict) or not ((prov.get("git") or {}).get("commit") or prov.get("speedproof_version"))
+            or not prov.get("sources_sha256")):
+        raise LedgerError(f"{path}: no provenance block (git commit or installed version, and source hashes): a "
+                          "figure without its provenance is not evidence")
     if not doc.get("claims"):
         raise LedgerError(f"{path}: claims no figure")
     return doc
@@ -85,7 +86,8 @@ def rows_of(path: str | Path, doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     sha = sha256_file(path)
     return [{"claim": c["id"], "what": c["what"], "value": c["median"], "min": c["min"], "max": c["max"],
              "unit": c["unit"], "repeats": c["repeats"], "device": doc.get("device"), "date": doc.get("date"),
-             "commit": git["commit"], "dirty": bool(git.get("dirty")), "command": doc.get("command"),
+             "commit": git["commit"] or f"speedproof {doc['provenance']['speedproof_version']}",
+             "dirty": bool(git.get("dirty")), "command": doc.get("command"),
              "record": str(path), "record_sha256": sha} for c in doc["claims"]]
 
 

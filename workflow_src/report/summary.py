@@ -1,13 +1,17 @@
-"""The run's verdicts on one screen, generated from its artifacts: `results/summary.md` for a terminal and the
-report's landing text (`results/report/landing.rst`, which the Snakefile's `report:` takes once it exists).
+"""An experiment's verdicts on one screen, generated from its artifacts: `results/summary/EXP.md` for a terminal
+and the report's landing text (`results/report/EXP/landing.rst`, which the Snakefile's `report:` takes once it
+exists); each experiment has its own.
 
     python -m workflow_src.report.summary --speedup results/speedup/*/speedup.json \\
-        --bitwise results/bitwise/EXP/comparison.json --randopt results/randopt/EXP/record.json \\
-        --records results/records/records.csv --experiment EXP --checkpoint NAME --source SOURCE \\
-        --md results/summary.md --rst results/report/landing.rst
+        --bitwise results/bitwise/EXP/comparison.json [--randopt results/randopt/EXP/record.json \\
+        --records results/records/records.csv --checkpoint NAME --source SOURCE] \\
+        [--code results/code/EXP/baseline.json results/code/EXP/optimized.json] --experiment EXP \\
+        --md results/summary/EXP.md --rst results/report/EXP/landing.rst
 
-For each paired comparison: its headline with its window, the median and range over triples, the largest
-A-vs-B gap and the protocol's warnings. For each bitwise candidate: its verdict, the values compared and, where
+For each paired comparison, first: its verdict (counts, inconclusive or does not count, and why), its headline
+with its window and the A-vs-B gap of that window; then the median and range over triples, the largest A-vs-B
+gap, why auto repeats stopped and the protocol's warnings. For an external subject, the code of each side
+(commit, tree, state, sha256 of its files). For each bitwise candidate: its verdict, the values compared and, where
 it differs, the first divergence. For RandOpt: base against the headline ensemble with the paired bootstrap CI,
 McNemar's p and the within-noise flag, the best σ, bits per byte and seeds/s. The records table's row. Nothing
 here is typed: every figure is read from the files named.
@@ -23,21 +27,36 @@ from pathlib import Path
 from typing import Any
 
 from workflow_src.provenance.atomic import atomic_write_text
+from workflow_src.provenance.code import describe as describe_code
 
 # The report's categories (rules' report(category=...)): the landing text links each by name.
 CATEGORIES = ("Paired speedup", "Bitwise comparison", "RandOpt", "Environment", "Checkpoint")
+PAIR_CATEGORIES = ("Paired speedup", "Bitwise comparison", "Environment", "Measured code")
 
 
 def speedup_lines(sp: Mapping[str, Any]) -> list[str]:
-    head, noise, proto = sp["headline"], sp["noise"], sp["protocol"]
-    line = f"**{sp['experiment']}**: {head['text']}, {proto['mode']} mode"
+    head, noise, proto, verdict = sp["headline"], sp["noise"], sp["protocol"], sp["verdict"]
+    lines = [f"**{sp['experiment']}**: **{verdict['text']}**: {head['text']}; A-vs-B gap in its window "
+             f"{noise['headline_ab_gap']:.2%}"]
+    line = f"{sp['experiment']}: {proto['mode']} mode"
     if head.get("repeats", 1) > 1:
         line += f", {head['repeats']} triples: median {head['median']:.4f}×, range {head['range'][0]:.4f}–" \
                 f"{head['range'][1]:.4f}×"
-    line += f"; largest A-vs-B gap {noise['max_ab_gap']:.1%}"
-    if not head.get("counts", True):
-        line += "; **does not count** (its bitwise comparison did not pass)"
-    return [line] + [f"warning ({sp['experiment']}): {w}" for w in noise.get("warnings") or []]
+    line += f"; largest A-vs-B gap {noise['max_ab_gap']:.2%}"
+    if sp.get("auto"):
+        line += f"; auto repeats: {sp['auto']['why']}"
+    lines.append(line)
+    return lines
+
+
+def warning_lines(speedups: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The protocol's noise warnings, after every verdict (they name each window that warns)."""
+    return [f"{sp['experiment']}: {w}" for sp in sorted(speedups, key=lambda s: s["experiment"])
+            for w in sp["noise"].get("warnings") or []]
+
+
+def code_lines(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    return [f"{r['side']}: {describe_code(r)}" for r in sorted(records, key=lambda r: r["side"])]
 
 
 def bitwise_lines(summary: Mapping[str, Any]) -> list[str]:
@@ -82,8 +101,9 @@ def records_line(rows: Sequence[Mapping[str, str]], record_id: str) -> str:
 
 
 def sections(speedups: Sequence[Mapping[str, Any]], bitwise: Mapping[str, Any] | None,
-             randopt: Mapping[str, Any] | None, records: Sequence[Mapping[str, str]] | None) -> list[tuple]:
-    """(report category, lines) per part of the run that was made."""
+             randopt: Mapping[str, Any] | None, records: Sequence[Mapping[str, str]] | None,
+             code: Sequence[Mapping[str, Any]] = ()) -> list[tuple]:
+    """(report category, lines) per part of the run that was made, verdicts first."""
     out = []
     if speedups:
         out.append(("Paired speedup",
@@ -95,6 +115,11 @@ def sections(speedups: Sequence[Mapping[str, Any]], bitwise: Mapping[str, Any] |
         if records is not None:
             lines.append(records_line(records, randopt["record_id"]))
         out.append(("RandOpt", lines))
+    if code:
+        out.append(("Measured code", code_lines(code)))
+    warnings = warning_lines(speedups)
+    if warnings:
+        out.append(("Noise warnings", warnings))
     return out
 
 
@@ -106,12 +131,17 @@ def render_md(title: str, parts: list[tuple]) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_rst(title: str, intro: str, parts: list[tuple]) -> str:
-    out = [title, "=" * len(title), "", intro, ""]
+def render_rst(title: str, intro: str, parts: list[tuple], categories: Sequence[str] = CATEGORIES) -> str:
+    """The landing text: a short title, the verdicts, then the intro. Only the report's own categories are
+    linked (a link to a category the report lacks is an rst error on the page)."""
+    out = [title, "=" * len(title), ""]
     for name, lines in parts:  # a Markdown `code` span is an rst ``literal``
         out += [name, "-" * len(name), ""] + [f"- {line.replace('`', '``')}" for line in lines]
-        out += ["", f"Details: `{name}`_.", ""]
-    out.append("Also: " + ", ".join(f"`{c}`_" for c in CATEGORIES if c not in {name for name, _ in parts}) + ".")
+        out += ["", f"Details: `{name}`_." if name in categories else "", ""]
+    out += [intro, ""]
+    also = [c for c in categories if c not in {name for name, _ in parts}]
+    if also:
+        out.append("Also: " + ", ".join(f"`{c}`_" for c in also) + ".")
     return "\n".join(out) + "\n"
 
 
@@ -122,8 +152,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--randopt", type=Path)
     parser.add_argument("--records", type=Path)
     parser.add_argument("--experiment", required=True)
-    parser.add_argument("--checkpoint", required=True)
-    parser.add_argument("--source", required=True)
+    parser.add_argument("--checkpoint", help="the checkpoint's name (the embedded subjects)")
+    parser.add_argument("--source", help="the checkpoint's source")
+    parser.add_argument("--code", nargs="*", default=[], type=Path,
+                        help="results/code/EXP/{baseline,optimized}.json: the external subject's measured code")
     parser.add_argument("--md", required=True)
     parser.add_argument("--rst", required=True)
     args = parser.parse_args(argv)
@@ -134,14 +166,21 @@ def main(argv: list[str] | None = None) -> None:
     if args.records:
         with open(args.records, newline="") as f:
             records = list(csv.DictReader(f))
-    parts = sections([load(p) for p in args.speedup], load(args.bitwise), load(args.randopt), records)
-    title = f"speedproof: {args.experiment} on {args.checkpoint}"
-    intro = (f"Verdicts of experiment **{args.experiment}** on checkpoint **{args.checkpoint}** (source: "
-             f"{args.source}), read from its artifacts. Every artifact in this report is hashed in "
-             f"``results/manifests/{args.experiment}.json`` with the config, checkpoint and environment hashes, "
-             f"the git commit and the sha256 of the sources that produced it.")
-    atomic_write_text(args.md, render_md(title, parts))
-    atomic_write_text(args.rst, render_rst(title, intro, parts))
+    code = [load(p) for p in args.code]
+    parts = sections([load(p) for p in args.speedup], load(args.bitwise), load(args.randopt), records, code)
+    if args.checkpoint:
+        title = f"{args.experiment} on {args.checkpoint}"
+        what = f"on checkpoint **{args.checkpoint}** (source: {args.source})"
+        categories = CATEGORIES
+    else:
+        title = f"{args.experiment}: your pair"
+        what = "of the external subject's two sides (Measured code, above)"
+        categories = PAIR_CATEGORIES
+    intro = (f"Verdicts of experiment **{args.experiment}** {what}, read from its artifacts. Every artifact in "
+             f"this report is hashed in ``results/manifests/{args.experiment}.json`` with the config and "
+             f"environment hashes, the measured code, speedproof's git commit and the sha256 of its sources.")
+    atomic_write_text(args.md, render_md(f"speedproof: {title}", parts))
+    atomic_write_text(args.rst, render_rst(title, intro, parts, categories))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,11 @@
 - `windows`: pure window arithmetic (per-step times, window means, paired ratios, the headline, the noise);
 - `launch`: CLI that runs one timed launch (A, opt or B of one triple) into an atomically published directory;
 - `paired`: CLI that checks the A → opt → B order of every triple and writes speedup.json, windows.csv/html
-  and plots.
+  and plots;
+- `verdict`: whether the headline counts, as a list of reasons against it (the noise of its window, the bitwise
+  check);
+- `plan`: what a comparison's launches are (steps, launch names, an external subject's sides) for the rules;
+- `auto`: CLI of `speedup.repeats: auto`, whether another triple runs.
 
 See docs/protocol.md.
 """

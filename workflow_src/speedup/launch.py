@@ -4,7 +4,7 @@
         --command 'python -m workflow_src.subjects.rl --impl optimized ... --steps 16 --out "$SPEEDPROOF_OUT"' \\
         --out-dir results/speedup/full/opt --after results/speedup/full/A/meta.json \\
         [--environment results/env/environment.json] [--config-sections ...] [--checkpoint-manifest ...] \\
-        [--switches s1 s2] [--ranks R] [--log-file steps.jsonl --log-format jsonl|regex --log-pattern RX]
+        [--switches s1 s2] [--ranks R] [--code results/code/EXP/SIDE.json] [--log-file steps.jsonl --log-format jsonl|regex --log-pattern RX]
 
 The command is run as given by ``bash -o pipefail -c`` (nothing is appended). It must write its log into the
 staging directory, whose path it finds in ``$SPEEDPROOF_OUT`` (also exported: ``SPEEDPROOF_STEPS``,
@@ -255,8 +255,10 @@ def run_launch(args: argparse.Namespace) -> dict[str, Any]:
             "after": after,
             "environment_sha256": env_hash,
             "files": {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()},
-            "provenance": provenance(args.config_sections, args.checkpoint_manifest, args.environment),
+            "provenance": provenance(args.config_sections, args.checkpoint_manifest, args.environment, args.code),
         }
+        # the measured code of the side this launch ran (an external subject names it)
+        meta["code"] = next(iter(meta["provenance"].get("code", {}).values()), None)
         atomic_write_json(staging / META_FILE, meta)
     return meta
 
@@ -280,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config-sections", nargs="*", default=[], help="results/config/*.json used (provenance)")
     parser.add_argument("--checkpoint-manifest", help="the checkpoint's MANIFEST.json (provenance)")
     parser.add_argument("--switches", nargs="*", default=[], help="named optimization switches (recorded)")
+    parser.add_argument("--code", nargs="*", default=[],
+                        help="results/code/{experiment}/{side}.json: the measured code of the side this launch runs")
     parser.add_argument("--log-file", default=STEPS_FILE,
                     help="the subject's log, relative to $SPEEDPROOF_OUT (subject.log = its captured output)")
     parser.add_argument("--log-format", default="jsonl", choices=LOG_FORMATS)

@@ -33,9 +33,11 @@ from workflow_src.config_schema import defaults
 from workflow_src.provenance.atomic import atomic_write_json, atomic_write_text
 from workflow_src.provenance.hashing import sha256_file
 from workflow_src.provenance.stamp import provenance
-from workflow_src.speedup import LAUNCHES, MODES, PREDECESSOR, launch_name
+from workflow_src.speedup import LAUNCHES, MODES, PREDECESSOR, launch_name, parse_launch_name
 from workflow_src.speedup.launch import META_FILE, load_meta, not_later, same_clock
+from workflow_src.speedup.plan import SIDE
 from workflow_src.speedup.steplog import STEPS_FILE, StepLog, StepLogError, read_steps
+from workflow_src.speedup.verdict import bitwise_reason, noise_reason, verdict
 from workflow_src.speedup.windows import (
     TABLE_HEADER,
     Window,
@@ -46,6 +48,7 @@ from workflow_src.speedup.windows import (
     paired_windows,
     phase_means,
     required_steps,
+    seconds_decimals,
     step_times,
     table_rows,
 )
@@ -136,8 +139,28 @@ def headline_doc(low: Window, repeat: int, n_repeats: int) -> dict[str, Any]:
             "optimized_seconds": low.t_opt, "text": f"{fmt_ratio(low.ratio)} ({where})"}
 
 
+def measured_code(metas: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """{side: code} of an external subject's launches (each side's code the same in every launch of it); None
+    when the launches name no code (the rl subject)."""
+    code: dict[str, Any] = {}
+    for name, meta in metas.items():
+        side = SIDE[parse_launch_name(name)[0]]
+        got = meta.get("code")
+        if side in code and code[side] != got:
+            raise PairedError(f"launch {name} ran other {side} code than an earlier launch of that side "
+                              f"({got} against {code[side]}); rerun the comparison")
+        code[side] = got
+    return code if any(v is not None for v in code.values()) else None
+
+
+def headline_gap(doc: dict[str, Any]) -> float:
+    """The A-vs-B gap of the window that sets the headline."""
+    h = doc["headline"]
+    return next(w["ab_gap"] for w in doc["noise"]["windows"] if (w["repeat"], w["window"]) == (h["repeat"], h["window"]))
+
+
 def compute(exp: str, triples: list[dict[str, Path]], warmup: int, windows: int, window_steps: int, *,
-            max_gap_s: float | None = None, noise_warn: float = 0.10) -> dict[str, Any]:
+            max_gap_s: float | None = None, noise_warn: float = 0.10, noise_margin: float = 1.0) -> dict[str, Any]:
     """Everything in speedup.json except provenance and the bitwise verdict (checks included)."""
     if not triples:
         raise PairedError("no launches given")
@@ -172,13 +195,13 @@ def compute(exp: str, triples: list[dict[str, Path]], warmup: int, windows: int,
                          f"range {fmt_ratio(min(minima))}–{fmt_ratio(max(minima))}")
     measured = range(warmup, n_steps)
     mode = next(iter(modes.values()))
-    return {
+    doc = {
         "format": FORMAT,
         "experiment": exp,
         "protocol": {
             "order": list(LAUNCHES), "warmup": warmup, "windows": windows, "window_steps": window_steps,
             "steps_per_launch": n_steps, "repeats": len(triples), "mode": mode, "max_gap_s": max_gap_s,
-            "noise_warn": noise_warn,
+            "noise_warn": noise_warn, "noise_margin": noise_margin,
             "step_time": "max over ranks of the step's seconds",
             "window_time": "mean step time over the window's steps",
             "baseline": "per window, the faster of launches A and B of the same triple",
@@ -197,7 +220,17 @@ def compute(exp: str, triples: list[dict[str, Path]], warmup: int, windows: int,
         "reward_services": reward_services(dirs_by_name),
         "launches": metas,
         "inputs": {name: {f: sha256_file(d / f) for f in (META_FILE, STEPS_FILE)} for name, d in dirs_by_name.items()},
+        "code": measured_code(metas),
     }
+    doc["noise"].update(headline_ab_gap=headline_gap(doc), margin=noise_margin)
+    return doc
+
+
+def decide(doc: dict[str, Any]) -> dict[str, Any]:
+    """speedup.json's verdict: the headline counts unless a check gives a reason (speedup/verdict.py)."""
+    noise = doc["noise"]
+    return verdict([noise_reason(noise["headline_ab_gap"], doc["headline"]["ratio"], noise["margin"]),
+                    bitwise_reason(doc.get("bitwise"))])
 
 
 def window_rows(doc: dict[str, Any]) -> dict[int, list[Window]]:
@@ -264,11 +297,12 @@ def html_page(doc: dict[str, Any]) -> str:
     rows = window_rows(doc)
     several = len(rows) > 1
     bw = doc.get("bitwise")
-    bits = ("no bitwise comparison of these switches: the headline does not count" if not bw else
-            f"bit-identical over the deterministic steps ({bw['run']}), negative control detected" if bw["counts"]
-            else f"the headline does not count: {bw['reason']}")
-    title = (f"Paired speedup — {doc['experiment']}: minimum {h['text']}, highlighted; {bits}; "
-             f"timed in {doc['protocol']['mode']} mode; largest A-vs-B gap {doc['noise']['max_ab_gap']:.1%}")
+    bits = (f"bit-identical over the deterministic steps ({bw['run']}), negative control detected"
+            if bw and bw["counts"] else None)
+    title = (f"Paired speedup — {doc['experiment']}: minimum {h['text']}, highlighted; verdict: "
+             f"{doc['verdict']['text']}" + (f"; {bits}" if bits else "")
+             + f"; A-vs-B gap in its window {doc['noise']['headline_ab_gap']:.2%}, largest "
+             f"{doc['noise']['max_ab_gap']:.2%}; timed in {doc['protocol']['mode']} mode")
     services = doc.get("reward_services")
     if services:
         title += "; reward service " + ", ".join(f"{launch}: {v['service']}" for launch, v in services.items())
@@ -276,8 +310,9 @@ def html_page(doc: dict[str, Any]) -> str:
         title += f"; WARNING: {warning}"
     header = (("Repeat",) if several else ()) + TABLE_HEADER
     table, marks = [], []
+    decimals = seconds_decimals(t for rs in rows.values() for r in rs for t in (r.t_A, r.t_opt, r.t_B))
     for repeat in sorted(rows):
-        table += table_rows(rows[repeat], repeat if several else None)
+        table += table_rows(rows[repeat], repeat if several else None, decimals)
         marks += [(repeat, r.window) == (h["repeat"], h["window"]) for r in rows[repeat]]
     return html_table(header, table, title=title, cell_class=lambda i, j, v: "ok" if marks[i] else None)
 
@@ -346,6 +381,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--noise-warn", type=float, default=section["noise_warn"],
                         help="warn when a window's A-vs-B gap is larger than this (default: speedup.noise_warn's, "
                              "%(default)s)")
+    parser.add_argument("--noise-margin", type=float, default=section["noise_margin"],
+                        help="the headline counts only when its window's A-vs-B gap times this is smaller than its "
+                             "gain (default: speedup.noise_margin's, %(default)s)")
+    parser.add_argument("--auto", type=Path,
+                        help="speedup.repeats auto: the last decision (results/speedup/{exp}/auto/{k}.json), "
+                             "which says why the triples stopped")
     parser.add_argument("--out-json", required=True)
     parser.add_argument("--out-csv", required=True)
     parser.add_argument("--out-html", required=True)
@@ -354,6 +395,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--environment")
     parser.add_argument("--config-sections", nargs="*", default=[])
     parser.add_argument("--checkpoint-manifest")
+    parser.add_argument("--code", nargs="*", default=[],
+                        help="results/code/{experiment}/{side}.json: the external subject's measured code")
     parser.add_argument("--bitwise", type=Path,
                     help="the bitwise comparison (compare/{run}.json) of a run with the same switches: the "
                          "headline counts only when it passed")
@@ -368,7 +411,8 @@ def main(argv: list[str] | None = None) -> None:
     triples = [dict(zip(LAUNCHES, dirs)) for dirs in zip(*(getattr(args, role) for role in LAUNCHES))]
     try:
         doc = compute(args.exp, triples, args.warmup, args.windows, args.window_steps,
-                      max_gap_s=args.max_gap_s if args.max_gap_s > 0 else None, noise_warn=args.noise_warn)
+                      max_gap_s=args.max_gap_s if args.max_gap_s > 0 else None, noise_warn=args.noise_warn,
+                      noise_margin=args.noise_margin)
     except (PairedError, StepLogError, ValueError) as e:
         print(f"paired speedup {args.exp}: refused: {e}", file=sys.stderr)
         raise SystemExit(1) from None
@@ -376,8 +420,16 @@ def main(argv: list[str] | None = None) -> None:
         doc["bitwise"] = bitwise_verdict(args.bitwise, doc["switches"], args.bitwise_summary)
     except PairedError as e:
         raise SystemExit(f"paired speedup {args.exp}: refused: {e}") from None
-    doc["headline"]["counts"] = bool(doc["bitwise"] and doc["bitwise"]["counts"])
-    doc["provenance"] = provenance(args.config_sections, args.checkpoint_manifest, args.environment)
+    if args.auto is not None:
+        auto = json.loads(args.auto.read_text())
+        if auto.get("triples") != len(triples) or not auto.get("stop"):
+            raise SystemExit(f"paired speedup {args.exp}: refused: {args.auto} decided after {auto.get('triples')} "
+                             f"triple(s) (stop: {auto.get('stop')}), but {len(triples)} were given")
+        doc["protocol"]["repeats_mode"] = "auto"
+        doc["auto"] = auto
+    doc["verdict"] = decide(doc)
+    doc["headline"]["counts"] = doc["verdict"]["counts"]
+    doc["provenance"] = provenance(args.config_sections, args.checkpoint_manifest, args.environment, args.code)
     from workflow_src.report.plotting import save_png
     save_png(plot_ratios(doc), args.out_bars)
     save_png(plot_trace(doc), args.out_trace)
@@ -386,7 +438,7 @@ def main(argv: list[str] | None = None) -> None:
     atomic_write_json(args.out_json, doc)
     h = doc["headline"]
     print(f"paired speedup {args.exp}: {h['text']} ({doc['protocol']['mode']} mode; largest A-vs-B gap "
-          f"{doc['noise']['max_ab_gap']:.1%})", file=sys.stderr)
+          f"{doc['noise']['max_ab_gap']:.1%}): {doc['verdict']['text']}", file=sys.stderr)
     for warning in doc["noise"]["warnings"]:
         print(f"paired speedup {args.exp}: WARNING: {warning}", file=sys.stderr)
 

@@ -4,8 +4,9 @@
 - Window w (1-based) covers steps ``warmup + (w-1)*window_steps ... + window_steps - 1``.
 - ``t_X(w)`` = mean step time of launch X over the window; ``base(w) = min(t_A(w), t_B(w))``;
   ``ratio(w) = base(w) / t_opt(w)``. The headline is ``min_w ratio(w)`` and the window that sets it.
-- Everything here is unrounded; `table_rows` is the only place that rounds (times to 2 decimals,
-  ratios to 4), for display.
+- Everything here is unrounded; `table_rows` is the only place that rounds, for display: ratios to 4
+  decimals, times to as many decimals as give the table's smallest time 3 significant digits (at least 2:
+  '24.72' for the reference's seconds, '0.0512' for a step of 51.2 ms).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-SECONDS_DECIMALS = 2
+SECONDS_DECIMALS = 2  # the fewest decimals a time is shown with
+SECONDS_DIGITS = 3  # significant digits of the smallest time in a table
 RATIO_DECIMALS = 4
 
 
@@ -122,8 +124,17 @@ def headline(rows: Sequence[Window]) -> Window:
     return min(rows, key=lambda r: (r.ratio, r.window))
 
 
-def fmt_seconds(x: float) -> str:
-    return f"{x:.{SECONDS_DECIMALS}f}"
+def seconds_decimals(values: Iterable[float]) -> int:
+    """Decimals that show the smallest positive value with SECONDS_DIGITS significant digits (at least
+    SECONDS_DECIMALS)."""
+    positive = [v for v in values if v > 0 and math.isfinite(v)]
+    if not positive:
+        return SECONDS_DECIMALS
+    return max(SECONDS_DECIMALS, SECONDS_DIGITS - 1 - math.floor(math.log10(min(positive))))
+
+
+def fmt_seconds(x: float, decimals: int = SECONDS_DECIMALS) -> str:
+    return f"{x:.{decimals}f}"
 
 
 def fmt_ratio(x: float) -> str:
@@ -134,12 +145,15 @@ TABLE_HEADER = ("Window (steps)", "Baseline A (s/step)", "Optimized (s/step)", "
                 "Baseline = faster of A, B (s/step)", "Paired speedup")
 
 
-def table_rows(rows: Sequence[Window], repeat: int | None = None) -> list[tuple[str, ...]]:
+def table_rows(rows: Sequence[Window], repeat: int | None = None,
+               decimals: int | None = None) -> list[tuple[str, ...]]:
     """Display rows (rounded), like the reference: '2 (12–13)', '24.72', ..., '2.0831×'; with `repeat`, the
-    repeat's number first (a comparison of several triples)."""
+    repeat's number first (a comparison of several triples); times with `decimals`, by default
+    `seconds_decimals` of these rows."""
     lead = () if repeat is None else (str(repeat),)
-    return [(*lead, f"{r.window} ({r.first_step}–{r.last_step})", fmt_seconds(r.t_A), fmt_seconds(r.t_opt),
-             fmt_seconds(r.t_B), f"{fmt_seconds(r.base)} ({r.faster_baseline})", fmt_ratio(r.ratio))
+    d = seconds_decimals(t for r in rows for t in (r.t_A, r.t_opt, r.t_B)) if decimals is None else decimals
+    return [(*lead, f"{r.window} ({r.first_step}–{r.last_step})", fmt_seconds(r.t_A, d), fmt_seconds(r.t_opt, d),
+             fmt_seconds(r.t_B, d), f"{fmt_seconds(r.base, d)} ({r.faster_baseline})", fmt_ratio(r.ratio))
             for r in rows]
 
 

@@ -1,0 +1,166 @@
+"""The `speedproof` command: the packaged workflow run by Snakemake in the current directory (results/ lands here).
+
+    speedproof run [TARGET ...] [--configfile FILE ...] [--cores N] [-n] [-- SNAKEMAKE_ARGS ...]
+    speedproof compare --repo PATH --baseline REV [--optimized REV] --command 'python train.py' \\
+        (--control-switches NAME ... | --control-command CMD | --no-control) [--experiment NAME] \\
+        [--warmup N --windows N --window-steps N --repeats N|auto --bitwise-steps N --allow-dirty] [-n]
+    speedproof report [--configfile FILE ...] [--out results/report/EXP.html]
+
+`compare` writes the config of a user's own pair, `speedproof-{experiment}.yaml` (run it again with
+`speedproof run pair --configfile speedproof-{experiment}.yaml`), and runs the target `pair`: each revision in a
+git worktree of its own, launches A → opt → B, the deterministic runs of both sides and of the negative control,
+the comparison, manifest, summary and report text, none of the embedded model. `--optimized` left out measures
+the checkout as it is (with `--allow-dirty` when it has uncommitted changes; every record then says dirty).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from workflow_src.config_schema import PACKAGE_DIR, WORKFLOW_DIR
+
+REPORT_CSS = PACKAGE_DIR / "report" / "report.css"  # the landing view from the top (workflow_src/report/report.css)
+
+
+def snakefile() -> Path:
+    return WORKFLOW_DIR / "Snakefile"
+
+
+def snakemake(args: list[str], configfiles: list[str], cores: str, dry_run: bool) -> int:
+    """Snakemake on the packaged workflow, in the current directory; its exit status."""
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(snakefile()), "--directory", os.getcwd(), "--cores", cores,
+           *args]
+    if dry_run:
+        cmd.append("-n")
+    if configfiles:  # last: the flag takes every word after it
+        cmd += ["--configfile", *[str(Path(f).resolve()) for f in configfiles]]
+    print("speedproof: " + " ".join(cmd[2:]), file=sys.stderr, flush=True)
+    return subprocess.call(cmd)
+
+
+def experiment_name(repo: str) -> str:
+    """A plain experiment name from the repo's directory name: pair_<name>."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", f"pair_{Path(repo).resolve().name}")
+
+
+def compare_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The config of `speedproof compare`: one external comparison of two revisions and its bitwise runs."""
+    external: dict[str, Any] = {"repo": str(Path(args.repo).resolve()), "baseline_ref": args.baseline,
+                                "optimized_ref": args.optimized, "command": args.command}
+    if args.allow_dirty:
+        external["allow_dirty"] = True
+    if args.sources:
+        external["sources"] = args.sources
+    speedup: dict[str, Any] = {"comparisons": {args.comparison: {"subject": "external"}}, "external": external}
+    for key in ("warmup", "windows", "window_steps", "repeats", "mode"):
+        value = getattr(args, key)
+        if value is not None:
+            speedup[key] = value if key != "repeats" or value == "auto" else int(value)
+    runs: dict[str, Any] = {"baseline": {"subject": "external", "impl": "baseline"},
+                            "optimized": {"subject": "external", "impl": "optimized"}}
+    if args.control_switches:
+        runs["control"] = {"subject": "external", "impl": "optimized", "switches": args.control_switches,
+                           "expect": "fail"}
+    elif args.control_command:
+        runs["control"] = {"subject": "external", "impl": "optimized", "command": args.control_command,
+                           "expect": "fail"}
+    bitwise: dict[str, Any] = {"runs": runs}
+    if args.bitwise_steps is not None:
+        bitwise["steps"] = args.bitwise_steps
+    return {"experiment": args.experiment or experiment_name(args.repo), "speedup": speedup, "bitwise": bitwise}
+
+
+def cmd_run(args: argparse.Namespace, rest: list[str]) -> int:
+    return snakemake(args.targets + rest, args.configfile, args.cores, args.dry_run)
+
+
+def cmd_compare(args: argparse.Namespace, rest: list[str]) -> int:
+    if not (args.control_switches or args.control_command or args.no_control):
+        raise SystemExit("speedproof compare: name a negative control, a change that must break the bits "
+                         "(--control-switches NAME: the optimized command given --switches NAME; or "
+                         "--control-command CMD), or pass --no-control (then no comparison counts)")
+    config = compare_config(args)
+    path = Path(args.config_out or f"speedproof-{config['experiment']}.yaml")
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    print(f"speedproof compare: config written to {path} (again: speedproof run pair --configfile {path})",
+          file=sys.stderr)
+    return snakemake(["pair", *rest], [str(path)], args.cores, args.dry_run)
+
+
+def cmd_report(args: argparse.Namespace, rest: list[str]) -> int:
+    configs = [yaml.safe_load(Path(f).read_text()) or {} for f in args.configfile]
+    experiment = next((c["experiment"] for c in reversed(configs) if "experiment" in c), "default")
+    out = args.out or f"results/report/{experiment}.html"
+    return snakemake(["--report", out, "--report-stylesheet", str(REPORT_CSS), *rest], args.configfile, args.cores,
+                     False)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="speedproof", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command_name", required=True)
+
+    def common(p: argparse.ArgumentParser, configfile: bool = True) -> None:
+        if configfile:
+            p.add_argument("--configfile", nargs="+", default=[], help="config files over config/config.yaml")
+        p.add_argument("--cores", default="all", help="Snakemake's --cores (default: all)")
+        p.add_argument("-n", "--dry-run", action="store_true", help="plan only")
+
+    run = sub.add_parser("run", help="run targets of the workflow (default: all)")
+    run.add_argument("targets", nargs="*")
+    common(run)
+    run.set_defaults(func=cmd_run)
+
+    cmp = sub.add_parser("compare", help="a user's own pair: two revisions of one git repo, A → opt → B + bitwise")
+    cmp.add_argument("--repo", required=True, help="the git checkout")
+    cmp.add_argument("--baseline", required=True, help="the baseline's git revision")
+    cmp.add_argument("--optimized", help="the optimized git revision (default: the checkout as it is)")
+    cmp.add_argument("--command", required=True,
+                     help="the shell command of both sides, run in each side's worktree; the rules append "
+                          "[--switches ...] [--deterministic] --steps N --out DIR")
+    ctl = cmp.add_mutually_exclusive_group()
+    ctl.add_argument("--control-switches", nargs="+", help="the negative control: the optimized command with these "
+                                                            "--switches, which must change the bits")
+    ctl.add_argument("--control-command", help="the negative control's own command (run in the optimized worktree)")
+    ctl.add_argument("--no-control", action="store_true", help="no negative control (no comparison then counts)")
+    cmp.add_argument("--experiment", help="the experiment's name (default: pair_<repo directory>)")
+    cmp.add_argument("--comparison", default="pair", help="the comparison's name (results/speedup/NAME/)")
+    cmp.add_argument("--sources", nargs="+", help="the files of each side that are hashed (default: all)")
+    cmp.add_argument("--allow-dirty", action="store_true", help="measure a checkout with uncommitted changes")
+    cmp.add_argument("--warmup", type=int)
+    cmp.add_argument("--windows", type=int)
+    cmp.add_argument("--window-steps", type=int)
+    cmp.add_argument("--repeats", help="triples: a number, or auto")
+    cmp.add_argument("--mode", choices=["production", "deterministic"])
+    cmp.add_argument("--bitwise-steps", type=int)
+    cmp.add_argument("--config-out", help="where the config is written (default: speedproof-EXPERIMENT.yaml)")
+    common(cmp, configfile=False)
+    cmp.set_defaults(func=cmd_compare)
+
+    rep = sub.add_parser("report", help="the Snakemake report of an experiment (its verdicts only)")
+    rep.add_argument("--out", help="default: results/report/EXPERIMENT.html")
+    common(rep)
+    rep.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    rest: list[str] = []
+    if "--" in argv:  # what follows goes to Snakemake as it is
+        rest = argv[argv.index("--") + 1:]
+        argv = argv[:argv.index("--")]
+    args = build_parser().parse_args(argv)
+    raise SystemExit(args.func(args, rest))
+
+
+if __name__ == "__main__":
+    main()

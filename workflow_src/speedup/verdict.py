@@ -1,0 +1,57 @@
+"""Whether a paired headline counts: a list of reasons it does not, each from one check. Pure functions.
+
+A headline counts when no check gives a reason against it. Each reason is a dict with `kind` (which check),
+`status` (`inconclusive`: the measurement cannot tell; `does not count`: what was measured is not the claim)
+and `text` (one sentence for speedup.json, the summary, the landing view and the ledger). A new check adds a
+function that returns a reason or None, and its result to the list `verdict` is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+INCONCLUSIVE = "inconclusive"
+NOT_COUNTED = "does not count"
+
+
+def reason(kind: str, status: str, text: str) -> dict[str, str]:
+    return {"kind": kind, "status": status, "text": text}
+
+
+def gain(ratio: float) -> float:
+    """The gain a paired ratio claims: ratio − 1 (0.25 for 1.25×; negative for a slowdown)."""
+    return ratio - 1.0
+
+
+def within_noise(gap: float, ratio: float, margin: float) -> bool:
+    """True when the A-vs-B gap, times the margin, is not smaller than the gain's size: the two baselines
+    disagree by as much as the optimized side is claimed to differ from them."""
+    return margin * gap >= abs(gain(ratio))
+
+
+def noise_reason(gap: float, ratio: float, margin: float) -> dict[str, str] | None:
+    """The noise check of the headline's window: its A-vs-B gap against the gain it claims."""
+    if not within_noise(gap, ratio, margin):
+        return None
+    scaled = "" if margin == 1 else f" (speedup.noise_margin {margin:g}: {margin * gap * 100:.1f} %)"
+    return reason("noise", INCONCLUSIVE, f"inconclusive: baselines differ by {gap * 100:.1f} %, more than the gain "
+                  f"{gain(ratio) * 100:.1f} %{scaled}")
+
+
+def bitwise_reason(bitwise: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """The bitwise check: the optimized side's run was bit-identical and its negative control detected."""
+    if not bitwise:
+        return reason("bitwise", NOT_COUNTED, "does not count: no bitwise comparison of these switches")
+    if bitwise["counts"]:
+        return None
+    return reason("bitwise", NOT_COUNTED, f"does not count: {bitwise['reason']}")
+
+
+def verdict(reasons: Sequence[Mapping[str, str] | None]) -> dict[str, Any]:
+    """The verdict of the reasons given (None: that check passed)."""
+    found = [dict(r) for r in reasons if r is not None]
+    if not found:
+        return {"counts": True, "status": "counts", "reasons": [], "text": "counts"}
+    status = NOT_COUNTED if any(r["status"] == NOT_COUNTED for r in found) else INCONCLUSIVE
+    return {"counts": False, "status": status, "reasons": found, "text": "; ".join(r["text"] for r in found)}
