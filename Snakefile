@@ -76,16 +76,11 @@ include: "rules/config.smk"
 include: "rules/environment.smk"
 include: "rules/code.smk"
 include: "rules/checkpoint.smk"
-include: "rules/speedup_common.smk"
-include: "rules/randopt_common.smk"
-include: "rules/reward_common.smk"
 include: "rules/reward.smk"
 include: "rules/speedup.smk"
-include: "rules/bitwise_common.smk"
 include: "rules/bitwise.smk"
 include: "rules/operators.smk"
 include: "rules/randopt.smk"
-include: "rules/evidence_common.smk"
 include: "rules/evidence.smk"
 include: "rules/manifest.smk"
 include: "rules/summary.smk"
@@ -94,7 +89,8 @@ include: "rules/summary.smk"
 # Config values become path components (experiment, checkpoint, comparison and run names): the schema allows
 # plain names only, and no output may resolve outside results/ whatever a name holds.
 _results = os.path.realpath("results")
-for _out in sorted(set(final_outputs() + rl_evidence_outputs() + randopt_evidence_outputs())):
+for _out in sorted(set(TARGETS.final_outputs() + TARGETS.rl_evidence_outputs()
+                       + TARGETS.randopt_evidence_outputs())):
     if not os.path.realpath(_out).startswith(_results + os.sep):
         raise WorkflowError(f"output {_out} resolves to {os.path.realpath(_out)}, outside results/: a config value "
                             "that names a path component must be a plain name")
@@ -102,7 +98,7 @@ for _out in sorted(set(final_outputs() + rl_evidence_outputs() + randopt_evidenc
 
 rule all:
     input:
-        final_outputs(),
+        TARGETS.final_outputs(),
     default_target: True
 
 
@@ -110,11 +106,11 @@ rule all:
 # the RL subject's evidence: the target of the RandOpt presets (config/presets/randopt-*).
 rule randopt_evidence:
     input:
-        randopt_evidence_outputs(),
+        TARGETS.randopt_evidence_outputs(),
 
 
 # The RL subject's evidence alone (environment, checkpoint, operator receipt, paired speedups, bitwise
 # comparison), without RandOpt: the target of the GPU presets (config/presets/).
 rule rl_evidence:
     input:
-        rl_evidence_outputs(),
+        TARGETS.rl_evidence_outputs(),

@@ -1,23 +1,23 @@
 # Deterministic runs of each configured implementation, then bit-for-bit comparisons with the reference.
 rule deterministic_run:
     input:
-        unpack(bitwise_run_inputs),
+        unpack(BITWISE.run_inputs),
     output:
         directory("results/bitwise/{exp}/{run}"),
     wildcard_constraints:
         run=r"[A-Za-z0-9_]+",
     params:
-        command=bitwise_command,
-        steps=lambda w: bitwise_config()["steps"],
-        flags=bitwise_run_flags,
+        command=BITWISE.command,
+        steps=lambda w: config["bitwise"]["steps"],
+        flags=BITWISE.run_flags,
     log:
         "results/logs/bitwise/{exp}/{run}.log",
-    threads: bitwise_run_threads
+    threads: BITWISE.run_threads
     resources:
         # a GPU run whose memory is stated shares the card; any other holds the `gpu` token, as a timed job does
-        gpu=lambda w: int(bitwise_gpu_share(w) == gpu_memory.WHOLE),
-        gpu_share=bitwise_gpu_share,
-        nodes=bitwise_run_nodes,
+        gpu=BITWISE.holds_card,
+        gpu_share=BITWISE.gpu_share,
+        nodes=BITWISE.run_nodes,
     conda:
         "../envs/speedproof.yaml"
     shell:
@@ -27,7 +27,7 @@ rule deterministic_run:
 
 rule bitwise_compare:
     input:
-        unpack(bitwise_compare_inputs),
+        unpack(BITWISE.compare_inputs),
     output:
         json="results/bitwise/{exp}/compare/{run}.json",
         csv="results/bitwise/{exp}/compare/{run}.csv",
@@ -38,8 +38,8 @@ rule bitwise_compare:
             labels={"candidate": "{run}", "figure": "items × steps"},
         ),
     params:
-        expect=lambda w: bitwise_runs()[w.run]["expect"],
-        flags=bitwise_compare_flags,
+        expect=lambda w: BITWISE.runs()[w.run]["expect"],
+        flags=BITWISE.compare_flags,
     log:
         "results/logs/bitwise/{exp}/compare_{run}.log",
     conda:
@@ -53,7 +53,7 @@ rule bitwise_compare:
 
 rule bitwise_summary:
     input:
-        lambda w: [f"results/bitwise/{w.exp}/compare/{c}.json" for c in bitwise_candidates()],
+        BITWISE.summary_inputs,
     output:
         json="results/bitwise/{exp}/comparison.json",
         csv="results/bitwise/{exp}/comparison.csv",
@@ -64,7 +64,7 @@ rule bitwise_summary:
             labels={"candidate": "all", "figure": "summary"},
         ),
     params:
-        subjects=bitwise_summary_subjects,
+        subjects=BITWISE.summary_subjects,
     log:
         "results/logs/bitwise/{exp}/summary.log",
     conda:
@@ -82,10 +82,10 @@ rule rl_switch_check:
         task=section_file("task.synthetic_arithmetic"),
         check=section_file("bitwise.switch_check"),
     output:
-        **switch_check_outputs(),
+        **BITWISE.switch_check_outputs(),
     params:
         steps=lambda w: config["bitwise"]["switch_check"]["steps"],
-        candidates=switch_check_flags,
+        candidates=BITWISE.switch_check_flags,
     log:
         f"results/logs/switch_check/{EXP}.log",
     threads: workflow.cores

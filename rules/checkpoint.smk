@@ -1,6 +1,6 @@
 rule checkpoint:
     input:
-        unpack(checkpoint_inputs),
+        unpack(lambda w: checkpoint_inputs(config)),
     output:
         directory("results/checkpoints/{model}"),
     params:

@@ -3,7 +3,7 @@ rule config_section:
     output:
         "results/config/{section}.json",
     params:
-        value=lambda w: json.dumps(config_value(w.section), sort_keys=True),
+        value=lambda w: json.dumps(config_value(config, w.section), sort_keys=True),
     log:
         "results/logs/config_section/{section}.log",
     conda:

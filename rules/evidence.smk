@@ -5,12 +5,12 @@ rule engine_bench_run:
         section=section_file("evidence.engine_bench"),
         environment="results/env/environment.json",
     output:
-        bench=f"results/evidence/{ENGINE_CLAIM}/bench.json",
-        record=f"results/evidence/{ENGINE_CLAIM}/record.json",
+        bench=f"results/evidence/{TARGETS.engine_claim}/bench.json",
+        record=f"results/evidence/{TARGETS.engine_claim}/record.json",
     params:
-        flags=engine_bench_flags,
-        claim=ENGINE_CLAIM,
-        command=evidence_command("engine_bench"),
+        flags=TARGETS.engine_bench_flags,
+        claim=TARGETS.engine_claim,
+        command=TARGETS.evidence_command("engine_bench"),
     log:
         "results/logs/evidence/engine_bench.log",
     benchmark:
@@ -33,12 +33,12 @@ rule seeded_linear_bench_run:
         section=section_file("evidence.seeded_linear_bench"),
         environment="results/env/environment.json",
     output:
-        bench=f"results/evidence/{SEEDED_LINEAR_CLAIM}/bench.json",
-        record=f"results/evidence/{SEEDED_LINEAR_CLAIM}/record.json",
+        bench=f"results/evidence/{TARGETS.seeded_linear_claim}/bench.json",
+        record=f"results/evidence/{TARGETS.seeded_linear_claim}/record.json",
     params:
-        flags=seeded_linear_bench_flags,
-        claim=SEEDED_LINEAR_CLAIM,
-        command=evidence_command("seeded_linear_bench"),
+        flags=TARGETS.seeded_linear_bench_flags,
+        claim=TARGETS.seeded_linear_claim,
+        command=TARGETS.evidence_command("seeded_linear_bench"),
     log:
         "results/logs/evidence/seeded_linear_bench.log",
     benchmark:
@@ -79,13 +79,13 @@ rule switch_bench_run:
 
 rule switch_bench_record:
     input:
-        runs=switch_bench_runs(),
+        runs=TARGETS.switch_bench_runs(),
         section=section_file("evidence.switch_bench"),
         environment="results/env/environment.json",
     output:
         "results/evidence/switch-bench/record.json",
     params:
-        command=evidence_command("switch_bench"),
+        command=TARGETS.evidence_command("switch_bench"),
     log:
         "results/logs/evidence/switch_bench_record.log",
     conda:
@@ -99,16 +99,16 @@ rule switch_bench_record:
 # The RL subject's paired speedups and bitwise verdicts (target rl_evidence) as one record in the ledger.
 rule rl_evidence_record:
     input:
-        speedups=speedup_json_files(),
-        busy=gpu_busy_files(),
+        speedups=SPEEDUP.json_files(),
+        busy=SPEEDUP.gpu_busy_files(),
         bitwise=f"results/bitwise/{EXP}/comparison.json",
-        sections=rl_evidence_sections(),
+        sections=TARGETS.rl_evidence_sections(),
         environment="results/env/environment.json",
     output:
-        f"results/evidence/{RL_CLAIM}/record.json",
+        f"results/evidence/{TARGETS.rl_claim}/record.json",
     params:
-        claim=RL_CLAIM,
-        command=evidence_command("rl_evidence"),
+        claim=TARGETS.rl_claim,
+        command=TARGETS.evidence_command("rl_evidence"),
     log:
         "results/logs/evidence/rl_evidence_record.log",
     conda:
@@ -126,10 +126,10 @@ rule operator_evidence_record:
         section=section_file("operators"),
         environment="results/env/environment.json",
     output:
-        f"results/evidence/{OPERATOR_CLAIM}/record.json",
+        f"results/evidence/{TARGETS.operator_claim}/record.json",
     params:
-        claim=OPERATOR_CLAIM,
-        command=evidence_command("operator_evidence"),
+        claim=TARGETS.operator_claim,
+        command=TARGETS.evidence_command("operator_evidence"),
     log:
         "results/logs/evidence/operator_evidence_record.log",
     conda:
@@ -144,13 +144,13 @@ rule operator_evidence_record:
 rule randopt_evidence_record:
     input:
         record=f"results/randopt/{EXP}/record.json",
-        sections=randopt_sections() + checkpoint_sections(),
+        sections=TARGETS.randopt_evidence_sections(),
         environment="results/env/environment.json",
     output:
-        f"results/evidence/{RANDOPT_CLAIM}/record.json",
+        f"results/evidence/{TARGETS.randopt_claim}/record.json",
     params:
-        claim=RANDOPT_CLAIM,
-        command=evidence_command("randopt_evidence"),
+        claim=TARGETS.randopt_claim,
+        command=TARGETS.evidence_command("randopt_evidence"),
     log:
         "results/logs/evidence/randopt_evidence_record.log",
     conda:
@@ -178,13 +178,13 @@ rule claims_append:
 # The engine comparison and the population's seeds/s at real proportions, in the ledger.
 rule engine_bench:
     input:
-        f"results/evidence/{ENGINE_CLAIM}/record.appended",
+        f"results/evidence/{TARGETS.engine_claim}/record.appended",
 
 
 # Where a population decode's linear time goes, per seeded-linear launch, in the ledger.
 rule seeded_linear_bench:
     input:
-        f"results/evidence/{SEEDED_LINEAR_CLAIM}/record.appended",
+        f"results/evidence/{TARGETS.seeded_linear_claim}/record.appended",
 
 
 # The RandOpt weight switch at real sizes, in the ledger.
@@ -196,23 +196,23 @@ rule switch_bench:
 # The operator receipt (at real sizes with config/presets/operators-real-cuda.yaml), in the ledger.
 rule operator_evidence:
     input:
-        f"results/evidence/{OPERATOR_CLAIM}/record.appended",
+        f"results/evidence/{TARGETS.operator_claim}/record.appended",
 
 
 # An external pair's comparisons, bitwise verdicts and measured code (target pair) as one record in the ledger,
 # written whatever the verdict: an inconclusive or failed one is said there too.
 rule pair_evidence_record:
     input:
-        speedups=speedup_json_files(),
+        speedups=SPEEDUP.json_files(),
         bitwise=f"results/bitwise/{EXP}/comparison.json",
-        sections=experiment_sections(),
+        sections=TARGETS.experiment_sections(),
         environment="results/env/environment.json",
-        code=code_files(*SIDES) if CODE else [],
+        code=TARGETS.code_files() if CODE else [],
     output:
-        f"results/evidence/{PAIR_CLAIM}/record.json",
+        f"results/evidence/{TARGETS.pair_claim}/record.json",
     params:
-        claim=PAIR_CLAIM,
-        command=evidence_command("pair"),
+        claim=TARGETS.pair_claim,
+        command=TARGETS.evidence_command("pair"),
     log:
         "results/logs/evidence/pair_evidence_record.log",
     conda:

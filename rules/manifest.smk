@@ -1,11 +1,11 @@
 rule experiment_manifest:
     input:
-        unpack(manifest_inputs),
+        unpack(TARGETS.manifest_inputs),
     output:
         "results/manifests/{exp}.json",
     params:
         config=lambda w: json.dumps(config, sort_keys=True),
-        flags=manifest_flags,
+        flags=TARGETS.manifest_flags,
     log:
         "results/logs/manifest/{exp}.log",
     conda:

@@ -19,7 +19,7 @@ rule heldout_text:
 
 rule randopt_base:
     input:
-        **randopt_model_inputs(),
+        **RANDOPT.model_inputs(),
     output:
         json="results/randopt/{exp}/base.json",
         test="results/randopt/{exp}/base_test.parquet",
@@ -27,7 +27,7 @@ rule randopt_base:
         "results/logs/randopt/{exp}/base.log",
     benchmark:
         "results/benchmarks/randopt/{exp}/base.tsv"
-    threads: lambda w: randopt_config()["threads"]
+    threads: lambda w: config["randopt"]["threads"]
     resources:
         gpu=1,
         gpu_share=gpu_memory.WHOLE,
@@ -40,7 +40,7 @@ rule randopt_base:
 
 rule randopt_population:
     input:
-        **randopt_model_inputs(),
+        **RANDOPT.model_inputs(),
     output:
         "results/randopt/{exp}/shards/{scatteritem}.parquet",
     wildcard_constraints:
@@ -52,7 +52,7 @@ rule randopt_population:
         "results/logs/randopt/{exp}/population_{scatteritem}.log",
     benchmark:
         "results/benchmarks/randopt/{exp}/population_{scatteritem}.tsv"
-    threads: lambda w: randopt_config()["threads"]
+    threads: lambda w: config["randopt"]["threads"]
     resources:
         gpu=1,
         gpu_share=gpu_memory.WHOLE,
@@ -67,7 +67,7 @@ rule randopt_gather:
     input:
         shards=gather.randopt_population("results/randopt/{{exp}}/shards/{scatteritem}.parquet"),
         randopt=section_file("randopt"),
-        task=section_file(f"task.{RANDOPT_TASK}"),
+        task=section_file(f"task.{RANDOPT.task}"),
         prompt_format=section_file("task.prompt_format"),
         environment="results/env/environment.json",
     output:
@@ -84,14 +84,14 @@ rule randopt_gather:
 
 rule randopt_topk_answers:
     input:
-        **randopt_model_inputs({"population": "results/randopt/{exp}/population.parquet"}),
+        **RANDOPT.model_inputs({"population": "results/randopt/{exp}/population.parquet"}),
     output:
         "results/randopt/{exp}/topk_test.parquet",
     log:
         "results/logs/randopt/{exp}/topk_answers.log",
     benchmark:
         "results/benchmarks/randopt/{exp}/topk_answers.tsv"
-    threads: lambda w: randopt_config()["threads"]
+    threads: lambda w: config["randopt"]["threads"]
     resources:
         gpu=1,
         gpu_share=gpu_memory.WHOLE,
@@ -108,7 +108,7 @@ rule randopt_select_vote:
         base_test="results/randopt/{exp}/base_test.parquet",
         topk="results/randopt/{exp}/topk_test.parquet",
         randopt=section_file("randopt"),
-        task=section_file(f"task.{RANDOPT_TASK}"),
+        task=section_file(f"task.{RANDOPT.task}"),
         environment="results/env/environment.json",
     output:
         json="results/randopt/{exp}/vote.json",
@@ -121,30 +121,30 @@ rule randopt_select_vote:
             labels={"figure": "K sweep table"},
         ),
     params:
-        ks=lambda w: " ".join(map(str, randopt_config()["ks"])),
-        ratios=lambda w: " ".join(map(str, randopt_config()["k_ratios"])),
-        rounding=lambda w: randopt_config()["k_ratio_rounding"],
-        vote=lambda w: randopt_config()["vote"],
-        headline=lambda w: ("" if randopt_config()["vote"]["headline_k"] is None
-                            else f"--headline-k {randopt_config()['vote']['headline_k']}"),
-        mcnemar=lambda w: "--mcnemar" if randopt_config()["vote"]["mcnemar"] else "--no-mcnemar",
+        ks=lambda w: " ".join(map(str, config["randopt"]["ks"])),
+        ratios=lambda w: " ".join(map(str, config["randopt"]["k_ratios"])),
+        rounding=lambda w: config["randopt"]["k_ratio_rounding"],
+        vote=lambda w: config["randopt"]["vote"],
+        headline=lambda w: ("" if config["randopt"]["vote"]["headline_k"] is None
+                            else f"--headline-k {config['randopt']['vote']['headline_k']}"),
+        mcnemar=lambda w: "--mcnemar" if config["randopt"]["vote"]["mcnemar"] else "--no-mcnemar",
     log:
         "results/logs/randopt/{exp}/select_vote.log",
     conda:
         "../envs/speedproof.yaml"
     shell:
-        f"python -m workflow_src.randopt.vote --task {RANDOPT_TASK} --task-section {{input.task}}"
+        f"python -m workflow_src.randopt.vote --task {RANDOPT.task} --task-section {{input.task}}"
         " --population {input.population} --base-test {input.base_test} --topk-test {input.topk}"
         " --ks {params.ks} --k-ratios {params.ratios} --k-ratio-rounding {params.rounding}"
         " --grouping {params.vote[grouping]} --bootstrap-resamples {params.vote[bootstrap_resamples]}"
         " --bootstrap-seed {params.vote[bootstrap_seed]} --ci-level {params.vote[ci_level]} {params.mcnemar}"
         " {params.headline} --out-json {output.json} --out-csv {output.csv} --out-votes {output.votes}"
-        f" --out-html {{output.html}} {RANDOPT_PROVENANCE} 2> {{log}}"
+        f" --out-html {{output.html}} {RANDOPT.provenance_args()} 2> {{log}}"
 
 
 rule randopt_probes:
     input:
-        **randopt_model_inputs({"population": "results/randopt/{exp}/population.parquet",
+        **RANDOPT.model_inputs({"population": "results/randopt/{exp}/population.parquet",
                                 "heldout": "results/heldout_text/texts.jsonl"}),
     output:
         "results/randopt/{exp}/probes.parquet",
@@ -152,7 +152,7 @@ rule randopt_probes:
         "results/logs/randopt/{exp}/probes.log",
     benchmark:
         "results/benchmarks/randopt/{exp}/probes.tsv"
-    threads: lambda w: randopt_config()["threads"]
+    threads: lambda w: config["randopt"]["threads"]
     resources:
         gpu=1,
         gpu_share=gpu_memory.WHOLE,
@@ -165,7 +165,7 @@ rule randopt_probes:
 
 rule randopt_bpb:
     input:
-        **randopt_model_inputs({"population": "results/randopt/{exp}/population.parquet",
+        **RANDOPT.model_inputs({"population": "results/randopt/{exp}/population.parquet",
                                 "heldout": "results/heldout_text/texts.jsonl"}),
     output:
         "results/randopt/{exp}/bpb.json",
@@ -173,7 +173,7 @@ rule randopt_bpb:
         "results/logs/randopt/{exp}/bpb.log",
     benchmark:
         "results/benchmarks/randopt/{exp}/bpb.tsv"
-    threads: lambda w: randopt_config()["threads"]
+    threads: lambda w: config["randopt"]["threads"]
     resources:
         gpu=1,
         gpu_share=gpu_memory.WHOLE,
@@ -189,7 +189,7 @@ rule randopt_sigma_stats:
         population="results/randopt/{exp}/population.parquet",
         base="results/randopt/{exp}/base.json",
         randopt=section_file("randopt"),
-        task=section_file(f"task.{RANDOPT_TASK}"),
+        task=section_file(f"task.{RANDOPT.task}"),
         environment="results/env/environment.json",
     output:
         json="results/randopt/{exp}/sigma_stats.json",
@@ -207,7 +207,7 @@ rule randopt_sigma_stats:
     shell:
         "python -m workflow_src.randopt.stats --population {input.population} --base {input.base}"
         " --out-json {output.json} --out-csv {output.csv} --out-html {output.html}"
-        f" {RANDOPT_PROVENANCE} 2> {{log}}"
+        f" {RANDOPT.provenance_args()} 2> {{log}}"
 
 
 rule randopt_plots:
@@ -248,7 +248,7 @@ rule randopt_record:
         probes="results/randopt/{exp}/probes.parquet",
         topk="results/randopt/{exp}/topk_test.parquet",
         randopt=section_file("randopt"),
-        task=section_file(f"task.{RANDOPT_TASK}"),
+        task=section_file(f"task.{RANDOPT.task}"),
         checkpoint_source=section_file(f"checkpoint.{CKPT_SOURCE}"),
         environment="results/env/environment.json",
     output:

@@ -1,25 +1,25 @@
 # Paired speedup (docs/design.md §5): launches A (baseline) → opt (optimized) → B (baseline), speedup.repeats triples
-# of them one after the other, then the table. Helpers live in rules/speedup_common.smk. Each launch takes the
+# of them one after the other, then the table. Their plan is workflow_src/speedup/plan.py. Each launch takes the
 # whole machine: all cores and the single `gpu` token the profile declares, so nothing else is scheduled beside a
 # timed launch.
 rule speedup_launch:
     input:
-        unpack(speedup_launch_inputs),
+        unpack(SPEEDUP.launch_inputs),
     output:
         directory("results/speedup/{exp}/{launch}"),
     wildcard_constraints:
         launch="A",
     params:
-        command=lambda w: speedup_command(w.exp, w.launch),
-        steps=lambda w: speedup_steps(),
-        flags=speedup_launch_flags,
+        command=lambda w: SPEEDUP.command(w.exp, w.launch),
+        steps=lambda w: SPEEDUP.steps(),
+        flags=SPEEDUP.launch_flags,
     log:
         "results/logs/speedup/{exp}/{launch}.log",
     threads: workflow.cores
     resources:
         gpu=1,
         gpu_share=gpu_memory.WHOLE,
-        nodes=speedup_launch_nodes,
+        nodes=SPEEDUP.launch_nodes,
     conda:
         "../envs/speedproof.yaml"
     shell:
@@ -38,7 +38,7 @@ use rule speedup_launch as speedup_next_launch with:
 
 rule paired_speedup:
     input:
-        unpack(speedup_paired_inputs),
+        unpack(SPEEDUP.paired_inputs),
     output:
         json="results/speedup/{exp}/speedup.json",
         csv="results/speedup/{exp}/windows.csv",
@@ -64,11 +64,11 @@ rule paired_speedup:
             labels={"comparison": "{exp}", "figure": "step-time trace"},
         ),
     params:
-        warmup=lambda w: speedup_config()["warmup"],
-        windows=lambda w: speedup_config()["windows"],
-        window_steps=lambda w: speedup_config()["window_steps"],
-        launches=speedup_paired_launch_args,
-        flags=speedup_paired_flags,
+        warmup=lambda w: config["speedup"]["warmup"],
+        windows=lambda w: config["speedup"]["windows"],
+        window_steps=lambda w: config["speedup"]["window_steps"],
+        launches=SPEEDUP.paired_launch_args,
+        flags=SPEEDUP.paired_flags,
     log:
         "results/logs/speedup/{exp}/paired.log",
     conda:
@@ -86,13 +86,13 @@ rule paired_speedup:
 # triples (so it never sits between two launches of a triple), whose last steps run under the profiler.
 rule rl_gpu_busy:
     input:
-        unpack(gpu_busy_inputs),
+        unpack(SPEEDUP.gpu_busy_inputs),
     output:
         "results/speedup/{exp}/gpu_busy/{side}.json",
     wildcard_constraints:
         side="baseline|optimized",
     params:
-        command=gpu_busy_command,
+        command=SPEEDUP.gpu_busy_command,
         run="results/speedup/{exp}/gpu_busy/{side}",
     log:
         "results/logs/speedup/{exp}/gpu_busy_{side}.log",
@@ -113,16 +113,16 @@ rule rl_gpu_busy:
 # the comparison's launches and its paired result are planned from these decisions.
 checkpoint speedup_auto_decision:
     input:
-        unpack(speedup_auto_inputs),
+        unpack(SPEEDUP.auto_inputs),
     output:
         "results/speedup/{exp}/auto/{k}.json",
     wildcard_constraints:
         k=r"[1-9][0-9]*",
     params:
-        warmup=lambda w: speedup_config()["warmup"],
-        windows=lambda w: speedup_config()["windows"],
-        window_steps=lambda w: speedup_config()["window_steps"],
-        flags=speedup_auto_flags,
+        warmup=lambda w: config["speedup"]["warmup"],
+        windows=lambda w: config["speedup"]["windows"],
+        window_steps=lambda w: config["speedup"]["window_steps"],
+        flags=SPEEDUP.auto_flags,
     log:
         "results/logs/speedup/{exp}/auto_{k}.log",
     conda:

@@ -3,13 +3,13 @@
 # it exists. A pair's names its measured code and reads no RandOpt record.
 rule run_summary:
     input:
-        unpack(summary_inputs),
+        unpack(TARGETS.summary_inputs),
     output:
-        md=SUMMARY_MD,
-        rst=LANDING_RST,
+        md=TARGETS.summary_md,
+        rst=TARGETS.landing_rst,
     params:
         experiment=EXP,
-        flags=summary_flags,
+        flags=TARGETS.summary_flags,
     log:
         f"results/logs/summary/{EXP}.log",
     conda:

@@ -12,8 +12,9 @@ from typing import Any
 
 from workflow_src.config_schema import ConfigError
 from workflow_src.config_schema import problems as schema_violations
+from workflow_src.jobs.external import side_command, uses_external
 from workflow_src.provenance.code import SIDES, CodeError, identify
-from workflow_src.speedup.plan import side_command, uses_external
+from workflow_src.speedup.plan import steps_per_launch
 
 
 def schema_problems(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
@@ -31,7 +32,7 @@ def speedup_problems(config: dict[str, Any], schema: dict[str, Any] | None = Non
     speedup = config["speedup"]
     rl_names = set(RLSettings.__dataclass_fields__)
     problems = []
-    steps = speedup["warmup"] + speedup["windows"] * speedup["window_steps"]
+    steps = steps_per_launch(speedup)
     if steps > speedup["max_steps"]:
         problems.append(f"speedup: warmup + windows × window_steps = {steps} steps per launch, more than "
                         f"speedup.max_steps ({speedup['max_steps']}); lower them or raise speedup.max_steps")

@@ -7,7 +7,7 @@
   and plots;
 - `verdict`: whether the headline counts, as a list of reasons against it (the noise of its window, the bitwise
   check);
-- `plan`: what a comparison's launches are (steps, launch names, an external subject's sides) for the rules;
+- `plan`: what a comparison's launches are (steps, launch names, each rule's inputs, command and flags);
 - `auto`: CLI of `speedup.repeats: auto`, whether another triple runs.
 
 See docs/protocol.md.
