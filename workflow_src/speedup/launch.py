@@ -95,6 +95,22 @@ def load_meta(path: str | Path) -> dict[str, Any]:
     return doc
 
 
+def finished_launch(path: str | Path, role: str, repeat: int) -> dict[str, Any]:
+    """The meta.json at `path`, if it records launch `role` of triple `repeat` and its subject exited with 0;
+    else ValueError (or OSError) saying what it records instead."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist (did launch {launch_name(role, repeat)} finish?)")
+    meta = load_meta(path)
+    if meta.get("launch") != role or meta.get("repeat", 1) != repeat:
+        raise ValueError(f"{path} records launch {meta.get('launch')!r} of repeat {meta.get('repeat', 1)}, not "
+                         f"launch {launch_name(role, repeat)}")
+    if meta.get("exit_code") != 0:
+        raise ValueError(f"{path}: the subject of launch {launch_name(role, repeat)} exited with "
+                         f"{meta.get('exit_code')}")
+    return meta
+
+
 def check_after(role: str, after: str | Path, host: str, boot: str | None, repeat: int = 1) -> dict[str, Any]:
     """Refuse to start unless `after` is the predecessor's successful meta.json that ended before now."""
     launch = launch_name(role, repeat)
@@ -102,18 +118,11 @@ def check_after(role: str, after: str | Path, host: str, boot: str | None, repea
     if want is None:
         raise LaunchError(f"launch {launch}: is the first launch of its triple and takes no --after")
     after = Path(after)
-    if not after.is_file():
-        raise LaunchError(f"launch {launch}: refusing to start: the previous launch's record {after} does not "
-                          f"exist (launch {want} must finish before {launch})")
     try:
-        prev = load_meta(after)
+        prev = finished_launch(after, want, repeat)
     except (ValueError, OSError) as e:
-        raise LaunchError(f"launch {launch}: refusing to start: {e}") from None
-    if prev.get("launch") != want or prev.get("repeat", 1) != repeat:
-        raise LaunchError(f"launch {launch}: refusing to start: {after} records launch {prev.get('launch')!r} of "
-                          f"repeat {prev.get('repeat', 1)}, but {launch} must follow {launch_name(want, repeat)}")
-    if prev.get("exit_code") != 0:
-        raise LaunchError(f"launch {launch}: refusing to start: launch {want} exited with {prev.get('exit_code')}")
+        raise LaunchError(f"launch {launch}: refusing to start: {e} ({launch} must follow "
+                          f"{launch_name(want, repeat)})") from None
     if prev.get("host") != host:
         raise LaunchError(f"launch {launch}: refusing to start: launch {want} ran on host {prev.get('host')!r}, "
                           f"this is {host!r}; paired launches must share one host")

@@ -34,7 +34,7 @@ from workflow_src.provenance.atomic import atomic_write_json, atomic_write_text
 from workflow_src.provenance.hashing import sha256_file
 from workflow_src.provenance.stamp import provenance
 from workflow_src.speedup import LAUNCHES, MODES, PREDECESSOR, launch_name, parse_launch_name
-from workflow_src.speedup.launch import META_FILE, load_meta, not_later, same_clock
+from workflow_src.speedup.launch import META_FILE, finished_launch, not_later, same_clock
 from workflow_src.speedup.plan import SIDE
 from workflow_src.speedup.steplog import STEPS_FILE, StepLog, StepLogError, read_steps
 from workflow_src.speedup.verdict import bitwise_reason, noise_reason, verdict
@@ -68,17 +68,10 @@ def load_launches(dirs: dict[str, Path], repeat: int = 1) -> dict[str, dict[str,
     for role in LAUNCHES:
         name = launch_name(role, repeat)
         path = Path(dirs[role]) / META_FILE
-        if not path.is_file():
-            raise PairedError(f"launch {name}: {path} not found (did the launch finish?)")
         try:
-            meta = load_meta(path)
+            meta = finished_launch(path, role, repeat)
         except (ValueError, OSError) as e:
             raise PairedError(f"launch {name}: {e}") from None
-        if meta.get("launch") != role or meta.get("repeat", 1) != repeat:
-            raise PairedError(f"launch {name}: {path} records launch {meta.get('launch')!r} of repeat "
-                              f"{meta.get('repeat', 1)}")
-        if meta.get("exit_code") != 0:
-            raise PairedError(f"launch {name}: the subject exited with {meta.get('exit_code')}")
         if meta.get("mode") not in MODES:
             raise PairedError(f"launch {name}: {path} records no timing mode ({' or '.join(MODES)}); rerun it")
         metas[role] = meta
