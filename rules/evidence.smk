@@ -23,7 +23,7 @@ rule engine_bench_run:
         "../envs/speedproof.yaml"
     shell:
         "python -m workflow_src.bench.engine {params.flags} --out {output.bench} > {log} 2>&1"
-        " && python -m workflow_src.bench.evidence engine --bench {output.bench} --claim {params.claim}"
+        " && python -m workflow_src.report.evidence engine --bench {output.bench} --claim {params.claim}"
         " --command {params.command:q} --environment {input.environment} --config-sections {input.section}"
         " --out {output.record} >> {log} 2>&1"
 
@@ -51,7 +51,7 @@ rule seeded_linear_bench_run:
         "../envs/speedproof.yaml"
     shell:
         "python -m workflow_src.bench.seeded_linear {params.flags} --out {output.bench} > {log} 2>&1"
-        " && python -m workflow_src.bench.evidence seeded_linear --bench {output.bench} --claim {params.claim}"
+        " && python -m workflow_src.report.evidence seeded_linear --bench {output.bench} --claim {params.claim}"
         " --command {params.command:q} --environment {input.environment} --config-sections {input.section}"
         " --out {output.record} >> {log} 2>&1"
 
@@ -91,7 +91,7 @@ rule switch_bench_record:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.bench.evidence switch --bench {input.runs} --claim switch-bench"
+        "python -m workflow_src.report.evidence switch --bench {input.runs} --claim switch-bench"
         " --command {params.command:q} --environment {input.environment} --config-sections {input.section}"
         " --out {output} > {log} 2>&1"
 
@@ -114,7 +114,7 @@ rule rl_evidence_record:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.bench.evidence rl --bench {input.speedups} {input.busy} {input.bitwise} --claim {params.claim}"
+        "python -m workflow_src.report.evidence rl --bench {input.speedups} {input.busy} {input.bitwise} --claim {params.claim}"
         " --command {params.command:q} --environment {input.environment} --config-sections {input.sections}"
         " --out {output} > {log} 2>&1"
 
@@ -135,7 +135,7 @@ rule operator_evidence_record:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.bench.evidence operators --bench {input.receipt} --claim {params.claim}"
+        "python -m workflow_src.report.evidence operators --bench {input.receipt} --claim {params.claim}"
         " --command {params.command:q} --environment {input.environment} --config-sections {input.section}"
         " --out {output} > {log} 2>&1"
 
@@ -156,7 +156,7 @@ rule randopt_evidence_record:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.bench.evidence randopt --bench {input.record} --claim {params.claim}"
+        "python -m workflow_src.report.evidence randopt --bench {input.record} --claim {params.claim}"
         " --command {params.command:q} --environment {input.environment} --config-sections {input.sections}"
         " --out {output} > {log} 2>&1"
 
@@ -218,7 +218,7 @@ rule pair_evidence_record:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.bench.evidence pair --bench {input.speedups} {input.bitwise} --claim {params.claim}"
+        "python -m workflow_src.report.evidence pair --bench {input.speedups} {input.bitwise} --claim {params.claim}"
         " --command {params.command:q} --environment {input.environment} --config-sections {input.sections}"
         " --code {input.code} --out {output} > {log} 2>&1"
 

@@ -1,5 +1,5 @@
 """Our own claims as evidence: a benchmark's output becomes a record with repeats and provenance
-(bench/evidence.py), the ledger is built and appended from records only (report/claims.py), a record
+(report/evidence.py), the ledger is built and appended from records only (report/claims.py), a record
 without provenance is refused, and the engine_bench target does it all in a real workflow run."""
 import json
 import subprocess
@@ -8,8 +8,7 @@ import sys
 import pytest
 from conftest import REPO
 
-from workflow_src.bench import evidence
-from workflow_src.report import claims
+from workflow_src.report import claims, evidence
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from workflow_src.bench import fused_elementwise_check
-from workflow_src.bench.fused_elementwise_check import ulp_stats
+from workflow_src.bench import fused_elementwise_check, timing
+from workflow_src.bench.ulp import ulp_stats
 
 
 def test_check_script_small_on_cpu(tmp_path):
@@ -35,4 +35,4 @@ def test_graph_timing_needs_cuda():
     if torch.cuda.is_available():
         pytest.skip("CPU-only check")
     with pytest.raises(RuntimeError, match="needs CUDA"):
-        fused_elementwise_check.graph_timed_ms(lambda: None, 1)
+        timing.graph_timed_ms(lambda: None, 1)

@@ -2,7 +2,7 @@
 steps reduce to one figure per side, and those figures become claims of the rl evidence record."""
 import pytest
 
-from workflow_src.bench import evidence
+from workflow_src.report import evidence
 from workflow_src.subjects.rl.gpu_busy import FORMAT, summarize, union_seconds
 
 

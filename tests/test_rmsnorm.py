@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from workflow_src.bench import rmsnorm_check as check_rmsnorm_gpu
-from workflow_src.bench.fused_elementwise_check import ulp_stats
+from workflow_src.bench.ulp import ulp_stats
 from workflow_src.kernels import rmsnorm
 from workflow_src.kernels.common import bit_equal
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_triton_common import compile_ptx
 
-from workflow_src.bench.fused_elementwise_check import ulp_stats
+from workflow_src.bench.ulp import ulp_stats
 from workflow_src.bitwise import operator_receipt as receipt
 from workflow_src.kernels import rope
 from workflow_src.kernels.common import bit_equal

@@ -9,11 +9,11 @@ import sys
 import pytest
 from conftest import REPO
 
-from workflow_src.bench import evidence
 from workflow_src.bench import seeded_linear as bench
 from workflow_src.config_checks import evidence_problems
 from workflow_src.config_schema import resolve
 from workflow_src.kernels.seeded_linear import SeededLaunch
+from workflow_src.report import evidence
 
 
 def test_a_launch_is_parsed_and_checked():

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from test_triton_common import compile_ptx
 
-from workflow_src.bench.fused_elementwise_check import ulp_stats
+from workflow_src.bench.ulp import ulp_stats
 from workflow_src.kernels import rope, swiglu
 from workflow_src.kernels.common import bit_equal
 

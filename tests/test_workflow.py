@@ -419,7 +419,7 @@ def test_rl_record_refuses_a_wrong_trainer_or_a_speedup_off_the_bitwise_run(tiny
     is refused, and so is a set of inputs without exactly one summary."""
     import copy
 
-    from workflow_src.bench.evidence import rl_claims
+    from workflow_src.report.evidence import rl_claims
     res = tiny_workflow.full().result() / "results"
     speedups = [json.loads((res / f"speedup/{e}/speedup.json").read_text()) for e in ("full", "training_code_alone")]
     summary = json.loads((res / "bitwise/wftest/comparison.json").read_text())

@@ -80,7 +80,8 @@ from typing import Callable
 
 import torch
 
-from workflow_src.bench.fused_elementwise_check import graph_timed_ms, timed_ms, ulp_stats
+from workflow_src.bench.timing import graph_timed_ms, timed_ms
+from workflow_src.bench.ulp import ulp_stats
 from workflow_src.kernels import rmsnorm, rope, swiglu
 from workflow_src.kernels.common import DTYPES
 

@@ -43,7 +43,7 @@ def layout(shape: str, tiny: bool) -> dict:
 
 def timed(fn, repeats: int, cuda: bool) -> float:
     if cuda:
-        from workflow_src.bench.fused_elementwise_check import graph_timed_ms
+        from workflow_src.bench.timing import graph_timed_ms
         return graph_timed_ms(fn, repeats)
     fn()
     t0 = time.perf_counter()

@@ -23,40 +23,18 @@ import dataclasses
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
+from workflow_src.bench.timing import timed_ms
+from workflow_src.bench.ulp import ulp_stats
 from workflow_src.kernels import rope, swiglu
 from workflow_src.kernels.common import DTYPES
-from workflow_src.model.graph_capture import safe_capture
 
-_INT = {4: torch.int32, 2: torch.int16}
 _BF16_ONLY = {"hand_round", "unrounded"}  # the same kernel code as the default in fp32
-
-
-def ulp_stats(got: torch.Tensor, want: torch.Tensor) -> dict:
-    """Bit-equal?, how many elements differ in their bits, and the largest distance in units in the last
-    place (the two values' positions on the ordered line of the dtype's finite values; ±0 count as one
-    point for the distance but differ in bits). NaN-vs-number pairs are counted apart."""
-    if got.shape != want.shape or got.dtype != want.dtype:
-        return {"bit_equal": False, "error": f"{tuple(got.shape)} {got.dtype} vs {tuple(want.shape)} {want.dtype}"}
-    a = got.detach().contiguous().view(_INT[got.element_size()]).long().view(-1)
-    b = want.detach().contiguous().view(_INT[want.element_size()]).long().view(-1)
-    n_diff = int((a != b).sum())
-    mag = (1 << (8 * got.element_size() - 1)) - 1
-
-    def ordered(i):
-        return torch.where(i < 0, -(i & mag), i)
-
-    nan = torch.isnan(got.detach().reshape(-1)) ^ torch.isnan(want.detach().reshape(-1))
-    dist = (ordered(a) - ordered(b)).abs()
-    dist = torch.where(nan, torch.zeros_like(dist), dist)
-    return {"bit_equal": n_diff == 0, "n_diff": n_diff, "n": a.numel(),
-            "max_ulp": int(dist.max()) if dist.numel() else 0, "nan_mismatch": int(nan.sum())}
 
 
 def _variants_to_run(variants: list[str], dtype: torch.dtype, deadline: float, out: dict):
@@ -68,65 +46,6 @@ def _variants_to_run(variants: list[str], dtype: torch.dtype, deadline: float, o
             out["variants"][name] = {"skipped": "time budget"}
             continue
         yield name
-
-
-def times_ms(fn, device: str, repeats: int, warmup: int | None = None) -> list[float]:
-    """Wall time of each of `repeats` calls of fn() in ms: CUDA events on a GPU (after 3 warm-up calls),
-    perf_counter on a CPU (after 1)."""
-    if warmup is None:
-        warmup = 3 if device.startswith("cuda") else 1
-    for _ in range(warmup):
-        fn()
-    times = []
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return times
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return times
-
-
-def timed_ms(fn, device: str, repeats: int, warmup: int | None = None) -> float:
-    """Median of times_ms."""
-    return statistics.median(times_ms(fn, device, repeats, warmup))
-
-
-def graph_timed_ms(fn, repeats: int, warmup: int = 3) -> float:
-    """Median ms of replaying fn() captured as one CUDA graph: the device time of its kernels without the
-    host's launch costs (what fn costs inside a captured step). Warm-up on a side stream, as capture needs;
-    CUDA only."""
-    if not torch.cuda.is_available():
-        raise RuntimeError("graph timing needs CUDA")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with safe_capture(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    del graph
-    return statistics.median(times)
 
 
 def _outputs(stats: dict) -> dict:

@@ -26,8 +26,8 @@ import time
 
 import torch
 
-from workflow_src.bench.fused_elementwise_check import times_ms
 from workflow_src.bench.roofline import copy_bandwidth
+from workflow_src.bench.timing import times_ms
 from workflow_src.kernels.perturb import BLOCK, DEFAULT_VARIANT, NUM_WARPS, VARIANTS, SwitchGraph, reconstruct_triton
 from workflow_src.model.shapes import architecture, parameter_shapes
 from workflow_src.noise import speedproof as noise

@@ -31,7 +31,8 @@ import time
 import torch
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-from workflow_src.bench.fused_elementwise_check import graph_timed_ms, timed_ms, ulp_stats
+from workflow_src.bench.timing import graph_timed_ms, timed_ms
+from workflow_src.bench.ulp import ulp_stats
 from workflow_src.kernels import rmsnorm
 from workflow_src.kernels.common import DTYPES
 

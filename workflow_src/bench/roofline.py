@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 import torch
 
-from workflow_src.bench.fused_elementwise_check import times_ms
+from workflow_src.bench.timing import times_ms
 
 # Sizes that run well past launch overhead: several times a GPU's L2 (the copy) and a product whose arithmetic
 # dwarfs its memory traffic; on a CPU, a copy beyond the caches and a product of a few hundred milliseconds.

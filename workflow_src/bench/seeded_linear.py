@@ -29,8 +29,8 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from workflow_src.bench.fused_elementwise_check import times_ms
 from workflow_src.bench.roofline import ceilings
+from workflow_src.bench.timing import times_ms
 from workflow_src.kernels.seeded_linear import DEFAULT_LAUNCH, SeededLaunch, SeedRows, perturbed, seeded_linear
 from workflow_src.model.shapes import SHORT_NAMES, architecture
 from workflow_src.noise import schemes

@@ -234,12 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--population", required=True)
     parser.add_argument("--k", type=int, help="ensemble size (default: randopt.bpb.k, else the largest K of the sweep)")
     parser.add_argument("--out", required=True)
-    runtime.add_common_args(parser)
-    args = parser.parse_args(argv)
-    with runtime.config_errors("randopt.bpb"):
-        cfg = runtime.load_config(args)
-    pop, pop_meta = runtime.read_population(args.population)
-    runtime.check_same_population(cfg, pop_meta, args.population)
+    args, cfg, pop = runtime.open_population_cli(parser, argv, "randopt.bpb")
     k = args.k if args.k is not None else default_k(cfg.settings, len(pop))
     if not 1 <= k <= len(pop):
         raise SystemExit(f"randopt.bpb: --k {k} outside 1..{len(pop)}")

@@ -35,13 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heldout", required=True, help="JSON lines of held-out texts (as for randopt.bpb)")
     parser.add_argument("--top", type=int, help="seeds to probe (default: randopt.probes)")
     parser.add_argument("--out", required=True)
-    runtime.add_common_args(parser)
-    args = parser.parse_args(argv)
-    with runtime.config_errors("randopt.probes"):
-        cfg = runtime.load_config(args)
+    args, cfg, pop = runtime.open_population_cli(parser, argv, "randopt.probes")
     s = cfg.settings
-    pop, pop_meta = runtime.read_population(args.population)
-    runtime.check_same_population(cfg, pop_meta, args.population)
     top_n = args.top if args.top is not None else s.probes
     if top_n < 0:
         raise SystemExit("randopt.probes: --top must be >= 0")

@@ -306,3 +306,17 @@ def check_same_population(cfg: Config, pop_meta: dict[str, Any], path: str | Pat
     if diff:
         raise SystemExit(f"{path} was produced by another configuration ({', '.join(diff)} differ)")
 
+
+def open_population_cli(parser: argparse.ArgumentParser, argv: list[str] | None,
+                        prog: str) -> tuple[argparse.Namespace, Config, pd.DataFrame]:
+    """The opening of every CLI that reads the gathered population (--population): its arguments, its
+    configuration (a mistake ends it with the message) and the population, refused unless this configuration
+    produced it."""
+    add_common_args(parser)
+    args = parser.parse_args(argv)
+    with config_errors(prog):
+        cfg = load_config(args)
+    pop, pop_meta = read_population(args.population)
+    check_same_population(cfg, pop_meta, args.population)
+    return args, cfg, pop
+

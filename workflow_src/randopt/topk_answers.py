@@ -35,13 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--population", required=True)
     parser.add_argument("--k-max", type=int, help="top seeds to answer (default: the largest K of the sweep)")
     parser.add_argument("--out", required=True)
-    runtime.add_common_args(parser)
-    args = parser.parse_args(argv)
-    with runtime.config_errors("randopt.topk_answers"):
-        cfg = runtime.load_config(args)
+    args, cfg, pop = runtime.open_population_cli(parser, argv, "randopt.topk_answers")
     s = cfg.settings
-    pop, pop_meta = runtime.read_population(args.population)
-    runtime.check_same_population(cfg, pop_meta, args.population)
     k = args.k_max if args.k_max is not None else max(resolve_ks(len(pop), s.ks, s.k_ratios, s.k_ratio_rounding))
     if not 1 <= k <= len(pop):
         raise SystemExit(f"randopt.topk_answers: --k-max {k} outside 1..{len(pop)}")

@@ -1,5 +1,5 @@
 """The claims ledger: one row per claim of every evidence record (`speedproof.evidence/1`, written by
-`workflow_src/bench/evidence.py`), never typed. A row says what is claimed, the median and the range over the
+`workflow_src/report/evidence.py`), never typed. A row says what is claimed, the median and the range over the
 record's repeats, the unit, the device, the date and commit, the command that reproduces it and the sha256 of
 the record it comes from. A record without a provenance block (git commit, source hashes) is refused.
 

@@ -3,7 +3,7 @@
 and the provenance block every other artifact carries (docs/design.md §2). The claims ledger
 (`workflow_src/report/claims.py`) is built from these records and nothing else.
 
-    python -m workflow_src.bench.evidence engine --bench results/evidence/engine-bench/bench.json \\
+    python -m workflow_src.report.evidence engine --bench results/evidence/engine-bench/bench.json \\
         --environment results/env/environment.json --config-sections results/config/evidence.engine_bench.json \\
         --claim engine-bench --command "snakemake --cores all engine_bench ..." --out results/evidence/engine-bench/record.json
 
