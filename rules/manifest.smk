@@ -12,6 +12,5 @@ rule experiment_manifest:
         "../envs/speedproof.yaml"
     shell:
         "python -m workflow_src.provenance.manifest --experiment {wildcards.exp}"
-        " --config-json {params.config:q} --environment {input.environment}"
-        " --sections {input.sections} --outputs {input.outputs} {params.flags}"
+        " --config-json {params.config:q} {params.flags}"
         " --out {output} 2> {log}"

@@ -79,7 +79,7 @@ rule paired_speedup:
         " --warmup {params.warmup} --windows {params.windows} --window-steps {params.window_steps}"
         " --out-json {output.json} --out-csv {output.csv} --out-html {output.html}"
         " --out-bars {output.bars} --out-trace {output.trace}"
-        " --environment {input.environment} --config-sections {input.sections} {params.flags} 2> {log}"
+        " {params.flags} 2> {log}"
 
 
 # The GPU's busy share of a step, per side (speedup.gpu_busy_steps): a launch of its own after the comparison's

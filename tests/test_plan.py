@@ -237,3 +237,17 @@ def test_the_generating_interpreter(tmp_path):
     present = tmp_path / "py"
     present.write_text("")
     assert generating_python(cfg, {"SPEEDPROOF_VLLM_PYTHON": str(present)}, "x") == (str(present), None)
+
+
+def test_a_dry_run_plans_auto_repeats_before_any_decision(tmp_path):
+    """With speedup.repeats auto the triples wait on decisions (Snakemake checkpoints): `snakemake -n -p` still
+    plans the whole default workflow, the rules that read the pending inputs leaving them out of the command."""
+    import subprocess
+    import sys
+    extra = tmp_path / "auto.yaml"
+    extra.write_text("speedup: {repeats: auto}\n")
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
+                           str(tmp_path / "run"), "-n", "-p", "--cores", "2", "--configfile", str(extra)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "speedup_auto_decision" in proc.stdout and "alteration of the DAG" in proc.stdout

@@ -122,7 +122,10 @@ class Targets:
         return inputs
 
     def manifest_flags(self, wildcards: Any, input: Any) -> str:
+        """The manifest CLI's flags from its inputs (absent while auto decisions are pending: a dry run)."""
         flags = []
+        if "environment" in input.keys():
+            flags += ["--environment", input.environment, "--sections", *input.sections, "--outputs", *input.outputs]
         if "checkpoint" in input.keys():
             flags += ["--checkpoint", input.checkpoint]
         if "code" in input.keys():

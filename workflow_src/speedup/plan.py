@@ -249,14 +249,19 @@ class SpeedupPlan:
         return launch_args(input, self.triples(wildcards.exp))
 
     def paired_flags(self, wildcards: Any, input: Any) -> str:
+        """The paired CLI's flags from its inputs; while the triples wait on an auto decision (a dry run) the
+        inputs are not known yet, and what is absent is left out."""
         s = self.s
         flags = [f"--noise-warn {s['noise_warn']!r}", f"--max-gap-s {max_gap_s(s)!r}",
                  f"--noise-margin {s['noise_margin']!r}"]
+        if "environment" in input.keys():
+            flags.append(f"--environment {shlex.quote(input.environment)} --config-sections "
+                         + " ".join(shlex.quote(f) for f in input.sections))
         if "auto" in input.keys():
             flags.append(f"--auto {shlex.quote(input.auto)}")
         if "code" in input.keys():
             flags.append("--code " + " ".join(shlex.quote(c) for c in input.code))
-        if self.uses_checkpoint(wildcards.exp):
+        if "checkpoint" in input.keys():  # absent while the triples wait on an auto decision
             flags.append(f"--checkpoint-manifest {shlex.quote(f'{input.checkpoint}/MANIFEST.json')}")
         if "bitwise" in input.keys():
             flags += [f"--bitwise {shlex.quote(input.bitwise)}",
