@@ -69,6 +69,8 @@ localrules:
     external_code,
     pair_evidence_record,
     pair,
+    ablation_record,
+    ablation,
 
 
 include: "rules/common.smk"
@@ -78,6 +80,7 @@ include: "rules/code.smk"
 include: "rules/checkpoint.smk"
 include: "rules/reward.smk"
 include: "rules/speedup.smk"
+include: "rules/ablation.smk"
 include: "rules/bitwise.smk"
 include: "rules/operators.smk"
 include: "rules/randopt.smk"

@@ -31,6 +31,7 @@ SPEEDUP = SpeedupPlan(
     config, CODE,
     # speedup.repeats auto: decision k's file, once the checkpoint made it (asking earlier defers the plan)
     decision_file=lambda exp, k: checkpoints.speedup_auto_decision.get(exp=exp, k=str(k)).output[0],
+    ablation=lambda: ablation(),  # rules/ablation.smk
 )
 BITWISE = BitwisePlan(config, CODE, CARD_MEMORY_MB, workflow.cores)
 RANDOPT = RandOptPlan(config)

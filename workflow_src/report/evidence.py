@@ -20,6 +20,9 @@ speedup was not measured against the bit-identical run, is refused: a fast wrong
 `pair` (an external pair's own results: each comparison's `speedup.json` and the bitwise `comparison.json`): as
 `rl`, with the measured code of both sides and the verdict (counts, inconclusive or does not count, and why) in
 the speedup claim's text, and written whatever the verdict.
+`ablation` (the ablation's `ablation.json`, workflow_src/speedup/ablation_table.py): per switch set, its paired
+speedup per triple against its own baselines with its bits and verdict in the claim's text, and its optimized
+launch's peak-memory rise over its baselines, written whatever the verdicts.
 `randopt` (RandOpt records, `results/randopt/{exp}/record.json`): the base's test accuracy and each top-K
 ensemble's difference from it, with the paired bootstrap CI and McNemar's p in the claim's text.
 `operators` (the operator receipt, `results/operators/receipt.json`): per operator and over all, the share of its
@@ -269,6 +272,34 @@ def pair_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str
     return out
 
 
+ABLATION_FORMAT = "speedproof.ablation/1"
+
+
+def ablation_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The ablation (workflow_src/speedup/ablation_table.py's JSON): per switch set, its paired speedup per triple
+    against its own fresh baselines with the verdict and the bits in the claim's text, and how much higher its
+    optimized launch's peak memory is than its baselines' where recorded; written whatever the verdicts."""
+    if len(raws) != 1 or raws[0].get("format") != ABLATION_FORMAT:
+        raise ValueError(f"ablation evidence: give one ablation.json ({ABLATION_FORMAT})")
+    doc = raws[0]
+    out = []
+    for name, s in doc["sets"].items():
+        bits = s["bits"]
+        bits_text = ("no bitwise check" if bits is None else "bit-identical, control detected" if bits["counts"]
+                     else bits["reason"])
+        out.append(claim(f"{prefix}.{name}.speedup",
+                         f"paired speedup of the switches {' + '.join(s['switches'])} over the faster baseline of "
+                         f"each A→opt→B triple of their own, the minimum over windows ({doc['plan']['comparison']}, "
+                         f"{s['mode']} mode); one value per triple; bits: {bits_text}; verdict: {s['verdict']['text']}",
+                         "×", s["repeat_ratios"]))
+        if s["memory"]["rise"] is not None:
+            out.append(claim(f"{prefix}.{name}.memory_rise",
+                             f"peak {s['memory']['source']} memory per step of the optimized launch over the smaller "
+                             f"of its baselines', minus one ({' + '.join(s['switches'])})", "share",
+                             [s["memory"]["rise"]]))
+    return out
+
+
 RANDOPT_FORMAT = "speedproof.randopt-record/1"
 
 
@@ -369,7 +400,7 @@ def _engine(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, An
 
 
 KINDS = {"engine": _engine, "switch": switch_claims, "rl": rl_claims, "pair": pair_claims, "randopt": randopt_claims,
-         "operators": operator_claims, "seeded_linear": seeded_linear_claims}
+         "operators": operator_claims, "seeded_linear": seeded_linear_claims, "ablation": ablation_claims}
 
 
 def build_record(kind: str, claim_name: str, raws: Sequence[Mapping[str, Any]], prov: Mapping[str, Any],

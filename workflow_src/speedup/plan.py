@@ -14,6 +14,7 @@ from workflow_src.jobs.rl import reward_serve_prefix, reward_service_name, rl_la
 from workflow_src.jobs.sections import checkpoint_dir, section_file
 from workflow_src.provenance.code import SIDES
 from workflow_src.speedup import LAUNCHES, PREDECESSOR, launch_name, parse_launch_name
+from workflow_src.speedup import ablation as ablation_sets
 from workflow_src.speedup.verdict import within_noise
 from workflow_src.speedup.windows import required_steps
 
@@ -60,16 +61,20 @@ class SpeedupPlan:
     """The jobs of the paired speedup (rules/speedup.smk) for one validated config: each method returns a
     rule's inputs, outputs, command or flags. `code` holds each external side's identity
     (provenance.code.identify); `decision_file(exp, k)` gives the path of auto decision k once it exists (the
-    workflow's checkpoint: asking for one not yet made defers the plan until it is)."""
+    workflow's checkpoint: asking for one not yet made defers the plan until it is); `ablation()` gives the
+    ablation's plan (speedup/ablation.py), whose switch sets are comparisons of their own, made when first asked
+    for."""
 
     def __init__(self, config: Mapping[str, Any], code: Mapping[str, Mapping[str, Any]] | None = None,
-                 decision_file: Callable[[str, int], str] | None = None):
+                 decision_file: Callable[[str, int], str] | None = None,
+                 ablation: Callable[[], Mapping[str, Any]] | None = None):
         self.config = config
         self.s = config["speedup"]
         self.exp = config["experiment"]
         self.model = checkpoint_dir(config)
         self.code = code or {}
         self.decision_file = decision_file
+        self.ablation = ablation
 
     def steps(self) -> int:
         return steps_per_launch(self.s)
@@ -77,8 +82,20 @@ class SpeedupPlan:
     def comparisons(self) -> list[str]:
         return sorted(self.s["comparisons"])
 
+    def ablation_base(self, exp: str) -> str | None:
+        """The comparison an ablation set runs with; None when `exp` is no ablation set."""
+        if exp in self.s["comparisons"] or self.ablation is None or not exp.startswith(ablation_sets.PREFIX):
+            return None
+        return self.ablation()["comparison"]
+
     def comparison(self, exp: str) -> Mapping[str, Any]:
         comparisons = self.s["comparisons"]
+        base = self.ablation_base(exp)
+        if base is not None:
+            sets = ablation_sets.comparisons(self.ablation(), comparisons[base])
+            if exp not in sets:
+                raise ValueError(f"speedup.ablation: no set {exp!r} in the plan (sets: {', '.join(sets)})")
+            return sets[exp]
         if exp not in comparisons:
             raise ValueError(f"speedup: no comparison {exp!r} in config speedup.comparisons "
                              f"(known: {', '.join(sorted(comparisons)) or 'none'})")
@@ -145,7 +162,7 @@ class SpeedupPlan:
             return f"{external_command(self.config, self.code, side)}{tail}"
         if subject == "rl":
             settings = json.dumps(comp[f"{side}_settings"], sort_keys=True)
-            serve = reward_serve_prefix(reward_service_name(self.config, exp, side),
+            serve = reward_serve_prefix(reward_service_name(self.config, self.ablation_base(exp) or exp, side),
                                         '"$SPEEDPROOF_OUT/reward_service.json"')
             return (f"{serve} {rl_launcher(self.config)} -m workflow_src.subjects.rl --impl {side}"
                     f" --checkpoint {self.model}"
@@ -156,7 +173,8 @@ class SpeedupPlan:
 
     def sections(self, exp: str) -> list[str]:
         """The config sections a comparison's launches read (provenance and rerun on change)."""
-        sections = [section_file(f"speedup.comparisons.{exp}")]
+        # an ablation set's section is its base comparison's: the set's switches are in its launch command
+        sections = [section_file(f"speedup.comparisons.{self.ablation_base(exp) or exp}")]
         if self.subject(exp) == "external":
             # how its log is read; its command is a parameter of the launch and its code a record of each side
             sections.append(section_file("speedup.external.log"))
@@ -209,6 +227,8 @@ class SpeedupPlan:
         whether the headline counts), or None. RL subject: an optimized rl run with the same switches. External
         subject: an optimized external run whose command is speedup.external.optimized (its own or by default)
         with the same switches."""
+        if self.ablation_base(exp) is not None:  # the ablation checks the bits of its sets itself
+            return None
         wanted = sorted(self.switches(exp, "opt"))
         subject = self.subject(exp)
         optimized_command = side_command(self.s["external"], "optimized")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import os
 import random
+import resource
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -344,6 +345,8 @@ class Trainer:
         return {
             "step": step, "rank": self.rank, "seconds": seconds, "phases": timer.phases,
             "peak_memory_bytes": peak,
+            # the process's resident high-water mark so far (Linux reports KiB): the host's peak where no device's is
+            "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "check": {
                 "loss": scalar_hex(loss_sum), "kl": scalar_hex(kl_sum), "entropy": scalar_hex(entropy),
                 "grad_norm": scalar_hex(grad_norm), "lr": scalar_hex(lr),
