@@ -9,13 +9,18 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 from workflow_src.bitwise.plan import BitwisePlan
-from workflow_src.jobs.external import code_worktree, side_command, side_command_key, uses_external
+from workflow_src.jobs.external import code_record, code_worktree, side_command, side_command_key, uses_external
 from workflow_src.jobs.sections import checkpoint_inputs, config_value, section_file
 from workflow_src.provenance import gpu_memory
 from workflow_src.provenance.code import SIDES, identify
 from workflow_src.randopt.plan import MODEL_ARGS as RANDOPT_MODEL_ARGS
 from workflow_src.randopt.plan import RandOptPlan, generating_python
+from workflow_src.speedup import ablation as ablation_sets
+from workflow_src.speedup.ablation_plan import AblationPlan
 from workflow_src.speedup.plan import SpeedupPlan
+from workflow_src.subjects.rl.settings import GPU_ONLY as RL_GPU_ONLY
+from workflow_src.subjects.rl.settings import REQUIRES as RL_REQUIRES
+from workflow_src.subjects.rl.settings import SWITCHES as RL_SWITCHES
 from workflow_src.targets import Targets
 
 EXP = config["experiment"]
@@ -31,8 +36,12 @@ SPEEDUP = SpeedupPlan(
     config, CODE,
     # speedup.repeats auto: decision k's file, once the checkpoint made it (asking earlier defers the plan)
     decision_file=lambda exp, k: checkpoints.speedup_auto_decision.get(exp=exp, k=str(k)).output[0],
-    ablation=lambda: ablation(),  # rules/ablation.smk
+    ablation=lambda: ABLATION.plan(),  # rules/ablation.smk
 )
+ABLATION = AblationPlan(config, CODE, [s for s in RL_SWITCHES if config["rl"]["device"] == "cuda" or s not in RL_GPU_ONLY],
+                        RL_REQUIRES, SPEEDUP.comparison, refuse=WorkflowError)  # rules/ablation.smk
+ABLATION_PREFIX = ablation_sets.PREFIX
+
 BITWISE = BitwisePlan(config, CODE, CARD_MEMORY_MB, workflow.cores)
 RANDOPT = RandOptPlan(config)
 RANDOPT_PYTHON, _warning = generating_python(config, os.environ, workflow.basedir)
