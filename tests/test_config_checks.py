@@ -1,5 +1,6 @@
 """Bad configs stop before any job: every problem named by its key path, in one short message."""
 import copy
+import shlex
 import subprocess
 import sys
 
@@ -236,3 +237,45 @@ def test_a_population_beyond_the_seed_space_is_refused():
     from workflow_src.noise.speedproof import population_seeds
     with pytest.raises(ValueError, match="2\\*\\*32 distinct seeds"):
         population_seeds(0, 2**32 + 1)
+
+
+HOSTILE = "lean_decode x; touch /tmp/PWNED #"
+
+
+@pytest.mark.parametrize("section, value, key", [
+    ("bitwise", {"runs": {"baseline": {"impl": "baseline"}, "x": {"impl": "optimized", "switches": [HOSTILE]}}},
+     "bitwise.runs.x.switches.0"),
+    ("bitwise", {"switch_check": {"candidates": [HOSTILE]}}, "bitwise.switch_check.candidates.0"),
+    ("bitwise", {"reference": "a b"}, "bitwise.reference"),
+    ("speedup", {"comparisons": {"c": {"subject": "rl", "switches": [HOSTILE]}}}, "speedup.comparisons.c.switches.0"),
+    ("rl", {"switches": [HOSTILE]}, "rl.switches.0"),
+])
+def test_names_that_reach_a_shell_line_are_held_to_a_pattern(section, value, key):
+    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    cfg[section] = {**cfg.get(section, {}), **value}
+    found = schema_problems(cfg, SCHEMA)
+    assert found and any(p.startswith(f"{key}: ") for p in found), found
+
+
+@pytest.mark.parametrize("key, mapping", [("speedup", "comparisons"), ("bitwise", "runs"), ("reward", "services")])
+def test_user_chosen_names_are_held_to_a_pattern(key, mapping):
+    node = SCHEMA["properties"][key]["properties"][mapping]
+    assert node["propertyNames"]["pattern"].endswith("[A-Za-z0-9_]+$")
+
+
+def test_every_shell_line_of_the_plan_is_quoted_words(tmp_path):
+    """Each job's shell line splits into words, and the bitwise run's subject command keeps its switches one word."""
+    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
+                           str(tmp_path), "--configfile", str(tmp_path / "config.yaml"), "-n", "-p", "--cores", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    commands = [line.removeprefix("Shell command: ") for line in proc.stdout.splitlines()
+                if line.startswith("Shell command: ")]
+    assert len(commands) > 20
+    for command in commands:
+        shlex.split(command)  # raises on an unbalanced quote
+    control = next(shlex.split(c) for c in commands if "deterministic_run --run control " in c)
+    inner = shlex.split(control[control.index("--command") + 1])
+    assert inner[inner.index("--switches") + 1] == "control_reduction_order"
