@@ -30,7 +30,7 @@ from workflow_src.provenance.machine_lock import (
     lock_path,
     machine,
 )
-from workflow_src.speedup.paired import foreign_load_reasons
+from workflow_src.speedup.verdict import INCONCLUSIVE, foreign_load_reasons
 
 HOLD_S = 60  # how long a test's holder would live; each is stopped as soon as its test is done
 
@@ -172,9 +172,10 @@ def test_foreign_load_reasons_name_each_launch_past_the_threshold():
     metas = {"A": meta(0.02), "opt": meta(0.4, [{"pid": 7, "cpu_seconds": 9.5, "command": "python -m other"}]),
              "B": {}}
     reasons = foreign_load_reasons(metas, 0.10)
-    assert len(reasons) == 2
-    assert reasons[0].startswith("launch opt shared the machine: other processes used 40.0%") and "pid 7" in reasons[0]
-    assert reasons[1] == "launch B recorded no foreign load (it ran without the machine lock)"
+    assert [(r["kind"], r["status"]) for r in reasons] == [("foreign load", INCONCLUSIVE)] * 2
+    assert reasons[0]["text"].startswith("inconclusive: launch opt shared the machine: other processes used 40.0%")
+    assert "pid 7" in reasons[0]["text"]
+    assert reasons[1]["text"] == "inconclusive: launch B recorded no foreign load (it ran without the machine lock)"
     assert foreign_load_reasons(metas, None) == [] and foreign_load_reasons(metas, 0.5) == [reasons[1]]
 
 
@@ -201,13 +202,15 @@ def test_paired_is_inconclusive_when_a_launch_shared_the_machine(tmp_path):
     proc, outs = paired(tmp_path, "--foreign-share-max", "0.1")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(outs["json"].read_text())
-    assert len(doc["inconclusive"]) == 1 and doc["inconclusive"][0].startswith("launch B shared the machine")
-    assert doc["headline"]["counts"] is False and "INCONCLUSIVE: launch B" in proc.stderr
-    assert "INCONCLUSIVE: launch B" in outs["html"].read_text() and doc["protocol"]["foreign_share_max"] == 0.1
+    machine = [r for r in doc["verdict"]["reasons"] if r["kind"] == "foreign load"]
+    assert len(machine) == 1 and machine[0]["text"].startswith("inconclusive: launch B shared the machine")
+    assert doc["headline"]["counts"] is False and "launch B shared the machine" in proc.stderr
+    assert "launch B shared the machine" in outs["html"].read_text() and doc["protocol"]["foreign_share_max"] == 0.1
     never, outs = paired(tmp_path, "--foreign-share-max", "-1")
     assert never.returncode == 0, never.stderr
     doc = json.loads(outs["json"].read_text())
-    assert doc["inconclusive"] == [] and doc["protocol"]["foreign_share_max"] is None
+    assert not [r for r in doc["verdict"]["reasons"] if r["kind"] == "foreign load"]
+    assert doc["protocol"]["foreign_share_max"] is None
 
 
 def test_a_build_in_progress_elsewhere_is_refused_not_outlived(tmp_path, stop):
