@@ -28,7 +28,8 @@ rule ablation_switch_check:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.subjects.rl.switch_check --checkpoint {input.checkpoint} --rl-section {input.rl}"
+        "{LOCKED} {rule} -- python -m workflow_src.subjects.rl.switch_check --checkpoint {input.checkpoint}"
+        " --rl-section {input.rl}"
         " --task-section {input.task} --settings-json {params.settings:q} --steps {params.steps}"
         " --configs {params.configs:q} --out {output} > {log} 2>&1"
 
@@ -56,7 +57,8 @@ rule ablation_bitwise_run:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.bitwise.deterministic_run --run {wildcards.set} --command {params.command:q}"
+        "{LOCKED} {rule} -- python -m workflow_src.bitwise.deterministic_run --run {wildcards.set}"
+        " --command {params.command:q}"
         " --steps {params.steps} --out {output} --code {input.code} > {log} 2>&1"
 
 

@@ -21,7 +21,7 @@ rule deterministic_run:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.bitwise.deterministic_run --run {wildcards.run} --command {params.command:q}"
+        "{LOCKED} {rule} -- python -m workflow_src.bitwise.deterministic_run --run {wildcards.run} --command {params.command:q}"
         " --steps {params.steps} --out {output} {params.flags} > {log} 2>&1"
 
 
@@ -95,5 +95,5 @@ rule rl_switch_check:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.subjects.rl.switch_check --checkpoint {input.checkpoint} --rl-section {input.rl}"
+        "{LOCKED} {rule} -- python -m workflow_src.subjects.rl.switch_check --checkpoint {input.checkpoint} --rl-section {input.rl}"
         " --task-section {input.task} --steps {params.steps} {params.candidates} --out {output.check} > {log} 2>&1"

@@ -10,6 +10,7 @@ from snakemake.exceptions import WorkflowError
 
 from workflow_src.bitwise.plan import BitwisePlan
 from workflow_src.jobs.external import code_record, code_worktree, side_command, side_command_key, uses_external
+from workflow_src.jobs.machine import locked
 from workflow_src.jobs.sections import checkpoint_inputs, config_value, section_file
 from workflow_src.provenance import gpu_memory
 from workflow_src.provenance.code import SIDES, identify
@@ -48,6 +49,9 @@ RANDOPT_PYTHON, _warning = generating_python(config, os.environ, workflow.basedi
 if _warning:
     print(_warning, file=sys.stderr)
 TARGETS = Targets(config, SPEEDUP, BITWISE, RANDOPT, CODE, workflow.config_settings.configfiles, Path.cwd())
+# What a GPU job's shell line starts with: `{LOCKED} {rule} -- python -m ...` runs it holding the machine lock
+# shared, so it never runs beside a timed launch of any snakemake (the launches hold it alone).
+LOCKED = locked(config)
 
 
 wildcard_constraints:

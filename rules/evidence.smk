@@ -22,7 +22,7 @@ rule engine_bench_run:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.bench.engine {params.flags} --out {output.bench} > {log} 2>&1"
+        "{LOCKED} {rule} --exclusive -- python -m workflow_src.bench.engine {params.flags} --out {output.bench} > {log} 2>&1"
         " && python -m workflow_src.report.evidence engine --bench {output.bench} --claim {params.claim}"
         " --command {params.command:q} --environment {input.environment} --config-sections {input.section}"
         " --out {output.record} >> {log} 2>&1"
@@ -50,7 +50,7 @@ rule seeded_linear_bench_run:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.bench.seeded_linear {params.flags} --out {output.bench} > {log} 2>&1"
+        "{LOCKED} {rule} --exclusive -- python -m workflow_src.bench.seeded_linear {params.flags} --out {output.bench} > {log} 2>&1"
         " && python -m workflow_src.report.evidence seeded_linear --bench {output.bench} --claim {params.claim}"
         " --command {params.command:q} --environment {input.environment} --config-sections {input.section}"
         " --out {output.record} >> {log} 2>&1"
@@ -73,7 +73,7 @@ rule switch_bench_run:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.bench.perturb --shapes {params.shapes} --variants words --sweep-numel 0"
+        "{LOCKED} {rule} --exclusive -- python -m workflow_src.bench.perturb --shapes {params.shapes} --variants words --sweep-numel 0"
         " --repeats {params.switches} --out {output} > {log} 2>&1"
 
 

@@ -22,6 +22,6 @@ rule operator_checks:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.bitwise.operator_receipt --scale {params.scale} --device {params.device}"
+        "{LOCKED} {rule} -- python -m workflow_src.bitwise.operator_receipt --scale {params.scale} --device {params.device}"
         " --environment {input.environment}"
         " --out {output.json} --html {output.html} 2> {log}"

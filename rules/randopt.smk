@@ -34,7 +34,7 @@ rule randopt_base:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        f"{RANDOPT_PYTHON} -m workflow_src.randopt.base {RANDOPT_MODEL_ARGS}"
+        f"{LOCKED} {{rule}} -- {RANDOPT_PYTHON} -m workflow_src.randopt.base {RANDOPT_MODEL_ARGS}"
         " --out-json {output.json} --out-test {output.test} 2> {log}"
 
 
@@ -59,7 +59,7 @@ rule randopt_population:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        f"{RANDOPT_PYTHON} -m workflow_src.randopt.population --shard {{params.shard}} --shards {{params.shards}}"
+        f"{LOCKED} {{rule}} -- {RANDOPT_PYTHON} -m workflow_src.randopt.population --shard {{params.shard}} --shards {{params.shards}}"
         f" {RANDOPT_MODEL_ARGS} --out {{output}} 2> {{log}}"
 
 
@@ -98,7 +98,7 @@ rule randopt_topk_answers:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        f"{RANDOPT_PYTHON} -m workflow_src.randopt.topk_answers --population {{input.population}}"
+        f"{LOCKED} {{rule}} -- {RANDOPT_PYTHON} -m workflow_src.randopt.topk_answers --population {{input.population}}"
         f" {RANDOPT_MODEL_ARGS} --out {{output}} 2> {{log}}"
 
 
@@ -159,7 +159,7 @@ rule randopt_probes:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        f"{RANDOPT_PYTHON} -m workflow_src.randopt.probes --population {{input.population}} --heldout {{input.heldout}}"
+        f"{LOCKED} {{rule}} -- {RANDOPT_PYTHON} -m workflow_src.randopt.probes --population {{input.population}} --heldout {{input.heldout}}"
         f" {RANDOPT_MODEL_ARGS} --out {{output}} 2> {{log}}"
 
 
@@ -180,7 +180,7 @@ rule randopt_bpb:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        f"python -m workflow_src.randopt.bpb --population {{input.population}} --heldout {{input.heldout}}"
+        f"{LOCKED} {{rule}} -- python -m workflow_src.randopt.bpb --population {{input.population}} --heldout {{input.heldout}}"
         f" {RANDOPT_MODEL_ARGS} --out {{output}} 2> {{log}}"
 
 

@@ -104,7 +104,7 @@ rule rl_gpu_busy:
         "../envs/speedproof.yaml"
     shell:
         "rm -rf {params.run} && mkdir -p {params.run} && export SPEEDPROOF_OUT={params.run}"
-        " && ({params.command}) > {log} 2>&1"
+        " && {LOCKED} {rule} --exclusive -- bash -o pipefail -c {params.command:q} > {log} 2>&1"
         " && python -m workflow_src.subjects.rl.gpu_busy --steps {params.run}/steps.jsonl --side {wildcards.side}"
         " --exp {wildcards.exp} --out {output} >> {log} 2>&1"
 

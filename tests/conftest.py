@@ -17,6 +17,20 @@ def repo() -> Path:
     return REPO
 
 
+@pytest.fixture(scope="session", autouse=True)
+def machine_lock_of_this_session(tmp_path_factory):
+    """The machine lock's default path derives from XDG_RUNTIME_DIR: a session (one per xdist worker) gets its
+    own, so launches of concurrent test sessions on one machine do not refuse one another."""
+    runtime = tmp_path_factory.mktemp("xdg_runtime")
+    old = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = str(runtime)
+    yield runtime / "speedproof" / "machine.lock"
+    if old is None:
+        os.environ.pop("XDG_RUNTIME_DIR", None)
+    else:
+        os.environ["XDG_RUNTIME_DIR"] = old
+
+
 def run_module(module: str, *args: str, env: dict | None = None, cwd: Path | None = None,
                check: bool = True) -> subprocess.CompletedProcess:
     """Run `python -m module args` as the workflow's rules do."""

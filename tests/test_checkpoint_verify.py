@@ -8,7 +8,7 @@ from conftest import make_tiny_checkpoint
 from test_checkpoint_sources import build, fake_hub_cache, hf_spec
 
 from workflow_src.checkpoints import CheckpointError
-from workflow_src.checkpoints.verify import REBUILD, verify_checkpoint
+from workflow_src.provenance.checkpoint_files import REBUILD, verify_checkpoint
 
 
 @pytest.fixture
@@ -135,3 +135,43 @@ def test_a_rebuild_removes_what_a_killed_build_left(tmp_path):
     out, proc = build(tmp_path, "m", "local", {"path": str(src), "expected_manifest": None})
     assert not stale.exists() and "left by a killed earlier build" in proc.stderr
     assert sorted(p.name for p in out.parent.iterdir()) == ["m"]
+
+
+def test_the_experiment_manifest_never_vouches_for_corrupt_bytes(checkpoint, tmp_path):
+    """With one byte of model.safetensors flipped, the experiment manifest refuses (naming the file) instead of
+    recording the corrupt file's sha256 beside the checkpoint manifest's hash that disagrees with it."""
+    from conftest import run_module
+    other = tmp_path / "other.txt"
+    other.write_text("an output")
+    args = ("workflow_src.provenance.manifest", "--experiment", "e", "--config-json", "{}", "--checkpoint",
+            str(checkpoint), "--outputs", str(checkpoint), str(other), "--out", str(tmp_path / "m.json"))
+    run_module(*args)
+    assert f"{checkpoint.as_posix()}/model.safetensors" in json.loads((tmp_path / "m.json").read_text())["outputs"]
+    flip_byte(checkpoint / "model.safetensors")
+    (tmp_path / "m.json").unlink()
+    proc = run_module(*args, check=False)
+    assert proc.returncode == 1 and "model.safetensors: sha256 " in proc.stderr and REBUILD in proc.stderr
+    assert not (tmp_path / "m.json").exists()
+    # a checkpoint among the outputs only (not given as --checkpoint) is verified too
+    proc = run_module(*args[:5], "--outputs", str(checkpoint), "--out", str(tmp_path / "m.json"), check=False)
+    assert proc.returncode == 1 and "model.safetensors: sha256 " in proc.stderr
+
+
+def test_the_pretraining_plot_reads_only_a_verified_log(tmp_path):
+    from conftest import run_module
+
+    from workflow_src.checkpoints.manifest import write_manifest
+    ckpt = make_tiny_checkpoint(tmp_path / "ckpt")
+    log = {"losses": [[0, 2.0], [1, 1.5]], "evals": [{"step": 1, "test_accuracy": 0.25}],
+           "band": {"low": 0.2, "high": 0.35}}
+    (ckpt / "pretraining_log.json").write_text(json.dumps(log))
+    write_manifest(ckpt, "ckpt", "synthetic", {})
+    args = ("workflow_src.report.pretraining_plot", "--checkpoint", str(ckpt), "--png", str(tmp_path / "p.png"),
+            "--csv", str(tmp_path / "p.csv"))
+    ok = run_module(*args, check=False)
+    assert ok.returncode == 0, ok.stderr
+    log["losses"][1][1] = 0.5  # an edited curve: not the one the manifest vouches for
+    (ckpt / "pretraining_log.json").write_text(json.dumps(log))
+    (tmp_path / "p.csv").unlink()
+    proc = run_module(*args, check=False)
+    assert proc.returncode == 1 and "pretraining_log.json: " in proc.stderr and not (tmp_path / "p.csv").exists()

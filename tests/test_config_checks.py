@@ -1,5 +1,6 @@
 """Bad configs stop before any job: every problem named by its key path, in one short message."""
 import copy
+import shlex
 import subprocess
 import sys
 
@@ -70,7 +71,7 @@ def test_cross_field_problems_are_named_by_key_path():
     found = problems({
         "randopt": {"population": 16, "ks": [4, 32], "vote": {"headline_k": 5}},
         "evidence": {"engine_bench": {"engines": ["static"], "population_engines": ["hf", "static"]}},
-        "speedup": {"windows": 10**6, "window_steps": 10**6,
+        "speedup": {"windows": 10**4, "window_steps": 10**5,
                     "comparisons": {"full": {"subject": "rl", "baseline_settings": {"group_size": 4, "nosuch": 1,
                                                                                      "threads": 1},
                                              "optimized_settings": {"threads": 2}}}},
@@ -170,3 +171,111 @@ def test_flashopt_presets_set_the_speedruns_settings(preset, train, test, tokens
         m = cfg["task"]["math500"]
         assert (m["levels"], m["split"], m["n_test"], m["n_train"], m["split_seed"]) == ([4, 5], "flashopt", 192, 64, 42)
         assert m["prompt_template"] == "{problem}\n\nLet's think step by step and output the final answer after ####"
+def _unbounded(node: dict, path: str, found: list[str]) -> None:
+    """Sizes of the schema without an upper bound: integers (seeds and token ids are values, not sizes), arrays,
+    and maps whose keys are the user's."""
+    types = node.get("type") if isinstance(node.get("type"), list) else [node.get("type")]
+    leaf = path.rsplit(".", 1)[-1].removesuffix("[]")
+    if "integer" in types and "maximum" not in node and "enum" not in node and not leaf.endswith("seed") \
+            and leaf != "tokens":
+        found.append(path)
+    if "array" in types and "maxItems" not in node:
+        found.append(path)
+    if isinstance(node.get("additionalProperties"), dict) and "maxProperties" not in node:
+        found.append(path)
+    for key, sub in node.get("properties", {}).items():
+        _unbounded(sub, f"{path}.{key}".lstrip("."), found)
+    for key in ("additionalProperties", "items"):
+        if isinstance(node.get(key), dict):
+            _unbounded(node[key], path + (".*" if key == "additionalProperties" else "[]"), found)
+    for branch in node.get("oneOf", []) + node.get("anyOf", []):
+        _unbounded(branch, path, found)
+    for key, sub in node.get("$defs", {}).items():
+        _unbounded(sub, f"$defs.{key}", found)
+
+
+def test_every_size_in_the_schema_is_bounded():
+    found = []
+    _unbounded(SCHEMA, "", found)
+    assert found == []
+
+
+@pytest.mark.parametrize("overrides, key", [
+    ({"speedup": {"repeats": 10**12}}, "speedup.repeats"),
+    ({"randopt": {"population": 2**32 + 1}}, "randopt.population"),
+    ({"bitwise": {"steps": 10**12}}, "bitwise.steps"),
+    ({"checkpoint": {"synthetic": {"pretrain": {"steps_max": 10**12}}}}, "checkpoint.synthetic.pretrain.steps_max"),
+    ({"speedup": {"comparisons": {f"c{i}": {"subject": "rl"} for i in range(65)}}}, "speedup.comparisons"),
+])
+def test_a_size_past_its_limit_is_refused_naming_the_key(overrides, key):
+    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    for section, value in overrides.items():
+        cfg[section] = {**cfg.get(section, {}), **value} if isinstance(value, dict) else value
+    found = schema_problems(cfg, SCHEMA)
+    assert len(found) == 1 and found[0].startswith(f"{key}: ") and "than the maximum of" in found[0], found
+
+
+def test_the_plan_never_grows_with_an_unchecked_size(tmp_path):
+    """speedup.repeats 10**12 (3 × repeats launch names) is refused before anything is planned: at once, in
+    little memory (the process may not take 4 GiB of address space), naming the key."""
+    import resource
+
+    def limit_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    cfg["speedup"] = {**cfg.get("speedup", {}), "repeats": 10**12}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
+                           str(tmp_path), "--configfile", str(tmp_path / "config.yaml"), "-n", "--cores", "1"],
+                          capture_output=True, text=True, timeout=120, preexec_fn=limit_memory)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "speedup.repeats: 1000000000000 is greater than the maximum of 100" in proc.stdout + proc.stderr
+
+
+def test_a_population_beyond_the_seed_space_is_refused():
+    from workflow_src.noise.speedproof import population_seeds
+    with pytest.raises(ValueError, match="2\\*\\*32 distinct seeds"):
+        population_seeds(0, 2**32 + 1)
+
+
+HOSTILE = "lean_decode x; touch /tmp/PWNED #"
+
+
+@pytest.mark.parametrize("section, value, key", [
+    ("bitwise", {"runs": {"baseline": {"impl": "baseline"}, "x": {"impl": "optimized", "switches": [HOSTILE]}}},
+     "bitwise.runs.x.switches.0"),
+    ("bitwise", {"switch_check": {"candidates": [HOSTILE]}}, "bitwise.switch_check.candidates.0"),
+    ("bitwise", {"reference": "a b"}, "bitwise.reference"),
+    ("speedup", {"comparisons": {"c": {"subject": "rl", "switches": [HOSTILE]}}}, "speedup.comparisons.c.switches.0"),
+    ("rl", {"switches": [HOSTILE]}, "rl.switches.0"),
+])
+def test_names_that_reach_a_shell_line_are_held_to_a_pattern(section, value, key):
+    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    cfg[section] = {**cfg.get(section, {}), **value}
+    found = schema_problems(cfg, SCHEMA)
+    assert found and any(p.startswith(f"{key}: ") for p in found), found
+
+
+@pytest.mark.parametrize("key, mapping", [("speedup", "comparisons"), ("bitwise", "runs"), ("reward", "services")])
+def test_user_chosen_names_are_held_to_a_pattern(key, mapping):
+    node = SCHEMA["properties"][key]["properties"][mapping]
+    assert node["propertyNames"]["pattern"].endswith("[A-Za-z0-9_]+$")
+
+
+def test_every_shell_line_of_the_plan_is_quoted_words(tmp_path):
+    """Each job's shell line splits into words, and the bitwise run's subject command keeps its switches one word."""
+    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
+                           str(tmp_path), "--configfile", str(tmp_path / "config.yaml"), "-n", "-p", "--cores", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    commands = [line.removeprefix("Shell command: ") for line in proc.stdout.splitlines()
+                if line.startswith("Shell command: ")]
+    assert len(commands) > 20
+    for command in commands:
+        shlex.split(command)  # raises on an unbalanced quote
+    control = next(shlex.split(c) for c in commands if "deterministic_run --run control " in c)
+    inner = shlex.split(control[control.index("--command") + 1])
+    assert inner[inner.index("--switches") + 1] == "control_reduction_order"

@@ -26,7 +26,9 @@ def pair_config(experiment: str, comparison: str, repo: Path, **speedup) -> dict
     return {"experiment": experiment,
             "speedup": {"warmup": 1, "windows": 2, "window_steps": 2, "comparisons": {comparison: {"subject": "external"}},
                         "external": {"repo": str(repo), "baseline_ref": "base", "optimized_ref": "main",
-                                     "command": "python trainer.py"}, **speedup},
+                                     "command": "python trainer.py"},
+                        # a shared test machine: the foreign load is recorded, never a verdict here
+                        "foreign_share_max": None, **speedup},
             "bitwise": {"steps": 3, "runs": RUNS}}
 
 

@@ -166,6 +166,17 @@ def test_bitwise_runs_commands_and_card_shares():
     assert b.compare_inputs(w(exp="e", run="control"))["reference"] == "results/bitwise/e/baseline"
 
 
+def test_rl_bitwise_runs_quote_every_argument():
+    """A switch list (even one the schema's pattern would refuse) and paths with spaces are one word each."""
+    cfg = filled()
+    cfg["bitwise"]["runs"]["optimized"]["switches"] = ["lean_decode x; touch /tmp/PWNED #", "graph_decode"]
+    inp = Input(checkpoint="my ck", rl="rl.json", task="t.json", reward="r.json")
+    words = shlex.split(BitwisePlan(cfg).command(w(run="optimized"), inp))
+    assert words[words.index("--switches") + 1] == "lean_decode x; touch /tmp/PWNED #,graph_decode"
+    assert words[words.index("--checkpoint") + 1] == "my ck" and "my ck/MANIFEST.json" in words
+    assert words[words.index("--record") + 1] == "$SPEEDPROOF_OUT/reward_service.json"  # expanded by the shell
+
+
 def test_external_bitwise_runs_quote_their_switches():
     cfg = external()
     b = BitwisePlan(cfg, IN_PLACE)

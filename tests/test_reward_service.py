@@ -259,3 +259,76 @@ def test_service_startup_timeout_kills_process():
     with pytest.raises(RewardServiceStartError, match="not healthy after"):
         svc.start()
     assert svc._proc is None
+
+
+def raw_exchange(url: str, data: bytes, timeout_s: float = 10.0) -> tuple[int, dict, bytes]:
+    """Send raw bytes to the loopback service; (status, headers, body) of its answer."""
+    import socket
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as s:
+        s.sendall(data)
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, body
+
+
+def slow_headers(url: str, byte_every_s: float, give_up_s: float) -> int:
+    """A client that sends its request headers a byte at a time: the status it was answered, or 0 if none came
+    before `give_up_s`."""
+    import socket
+    host, port = url.removeprefix("http://").split(":")
+    request = b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Slow: " + b"a" * 200
+    deadline = time.monotonic() + give_up_s
+    with socket.create_connection((host, int(port)), timeout=give_up_s) as s:
+        s.settimeout(byte_every_s)
+        for i in range(len(request)):
+            if time.monotonic() > deadline:
+                return 0
+            try:
+                s.sendall(request[i:i + 1])
+                reply = s.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return 0
+            return int(reply.split()[1]) if reply else 0
+    return 0
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_slow_headers_do_not_hold_the_service(threads):
+    """One worker (sync with one thread, the `upstream` settings; gthread with two), as many clients sending their
+    headers a byte per 0.2 s as it has threads: each is answered a JSON 408 at the header deadline, so an
+    ordinary request waits about that long, not as long as the slow clients like (without the deadline: a sync
+    worker's 30 s worker timeout, a gthread thread for good)."""
+    with RewardService(workers=1, threads=threads, startup_timeout_s=15, header_timeout_s=1.0) as svc:
+        with ThreadPoolExecutor(threads) as pool:
+            slow = [pool.submit(slow_headers, svc.url, 0.2, 20) for _ in range(threads)]
+            time.sleep(0.5)                                  # the slow clients are sending their headers now
+            t0 = time.monotonic()
+            r = requests.post(f"{svc.url}/score", data=score_body(), timeout=10)
+            waited = time.monotonic() - t0
+            assert r.status_code == 200 and r.json()["rewards"] == expected()
+            assert waited < 5, waited
+            assert [s.result() for s in slow] == [408] * threads
+
+
+def test_gunicorns_own_errors_and_a_chunked_body_are_json():
+    """Every 4xx is JSON: a negative Content-Length and a bad request line (answered by gunicorn itself), and a
+    chunked body (411: the service needs the body's size before it reads it)."""
+    with RewardService(workers=1, threads=1, startup_timeout_s=15) as svc:
+        body = score_body()
+        negative = (b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\nConnection: close\r\n\r\n" + body)
+        status, headers, raw = raw_exchange(svc.url, negative)
+        assert status == 400 and headers["content-type"] == "application/json" and json.loads(raw)["error"]
+        status, headers, raw = raw_exchange(svc.url, b"GARBAGE\r\n\r\n")
+        assert status == 400 and headers["content-type"] == "application/json" and json.loads(raw)["error"]
+        chunked = (b"POST /score HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                   + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n")
+        status, headers, raw = raw_exchange(svc.url, chunked)
+        assert status == 411 and headers["content-type"] == "application/json"
+        assert "Content-Length" in json.loads(raw)["error"]

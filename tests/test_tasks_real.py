@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import write_section
+from conftest import REPO, write_section
 
 from workflow_src.provenance.hashing import sha256_file
 from workflow_src.tasks import answers, gsm8k, heldout_text, math500, synthetic_arithmetic
@@ -119,7 +119,8 @@ def test_last_boxed(text, content):
     ("1,000,000", "1,000,000"),
     ("10, 100", "10, 100"),                   # a list, not ten thousand one hundred
     ("50\\%", "50"),
-    ("x = 5", "5"),
+    ("x = 5", "x=5"),                         # a left side is kept: math_equivalent compares it
+    ("x = 5.0", "x=5"),
     ("y = 2x + 3", "y=2x+3"),
     ("\\pi r^2", "\\pi r^2"),                 # the space after a command before a letter stays
     ("-0.50", "-0.5"),
@@ -143,6 +144,53 @@ def test_normalize_math_answer(raw, normalized):
 def test_math_extraction(text, strict, lenient):
     assert extract_boxed(text) == strict
     assert extract_math(text) == lenient
+
+
+# ------------------------------------------------------------------------------------------------
+# grader fixtures: whole completions through the task's grader, beside what lm-eval and math-verify say
+# ------------------------------------------------------------------------------------------------
+
+# (task, completion, gold, our strict score, lm-eval's, math-verify's, why). lm-eval's score is read from its
+# code (lm_eval/tasks/hendrycks_math/utils.py: strip_string drops a left side of up to two characters from
+# both answers before comparing strings; lm_eval/tasks/gsm8k: strict-match takes the first `#### number`,
+# RegexFilter's group_select 0); math-verify's is checked by running it (None: not a MATH-style comparison).
+GRADER_CASES = [
+    ("math500", "So \\boxed{y=3}.", "x=3", 0.0, 1.0, 0.0, "another variable: a wrong answer"),
+    ("math500", "So \\boxed{x=3}.", "x=3", 1.0, 1.0, 1.0, "the same equation"),
+    ("math500", "So \\boxed{x = 3}.", "3", 1.0, 1.0, 1.0, "an equation beside a bare value: the values"),
+    ("math500", "So \\boxed{3}.", "k=3", 1.0, 1.0, 1.0, "a bare value beside an equation: the values"),
+    ("math500", "So \\boxed{k=2}.", "x=2", 0.0, 1.0, 0.0, "another variable: a wrong answer"),
+    ("gsm8k", "#### 18\n\nQuestion: next one #### 22", "18", 1.0, 1.0, None, "the first ####: cut at Question:"),
+    ("gsm8k", "first #### 18 then #### 22", "18", 1.0, 1.0, None, "the first #### of the line, not the last"),
+    ("gsm8k", "first #### 18 then #### 22", "22", 0.0, 0.0, None, "the last #### does not count"),
+]
+
+
+@pytest.mark.parametrize("task, completion, gold, ours, lm_eval, math_verify, why", GRADER_CASES)
+def test_grader_fixtures(shared_pool, task, completion, gold, ours, lm_eval, math_verify, why):
+    assert get_task(task).grade(completion, gold, strict=True) == ours, why
+    if math_verify is not None:
+        from math_verify import parse, verify
+        got = parse(last_boxed(completion) and "\\boxed{" + last_boxed(completion) + "}")
+        assert float(verify(parse("\\boxed{" + gold + "}"), got)) == math_verify, why
+        assert ours == math_verify  # MATH grading follows math-verify where lm-eval's string rule differs
+
+
+def test_the_strict_gsm8k_rule_is_stated_once_and_alike_everywhere():
+    from workflow_src.config_schema import section_schema
+    from workflow_src.tasks import registry
+    rule = answers.GSM8K_STRICT_RULE
+    stated = {
+        "schema": section_schema("task.gsm8k")["description"],
+        "docs/tasks.md": (REPO / "docs/tasks.md").read_text().replace("`", ""),
+        "registry": Path(registry.__file__).read_text(),
+        "extract_gsm8k_strict": answers.extract_gsm8k_strict.__doc__,
+    }
+    for where, text in stated.items():
+        assert "after the last ####" not in text, where
+    assert rule in stated["schema"] and rule in stated["docs/tasks.md"] and rule in stated["registry"]
+    assert "GSM8K_STRICT_RULE" in stated["extract_gsm8k_strict"]
+    assert extract_gsm8k_strict("a #### 1 b #### 2") == "1"
 
 
 # ------------------------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ TINY = {
                                       "operand_max": 20}},
     "rl": {"prompts_per_step": 2, "group_size": 4, "policy_group_size": 2, "max_new_tokens": 14,
            "learning_rate": 1e-3, "threads": 1, "eval_prompts": 4},
-    "speedup": {"warmup": 1, "windows": 2, "window_steps": 1},
+    # the test machine is shared: its launches' foreign load is recorded, never a verdict here (test_machine_lock)
+    "speedup": {"warmup": 1, "windows": 2, "window_steps": 1, "foreign_share_max": None},
     "bitwise": {"steps": 2},
     "randopt": {"population": 4, "sigmas": [0.001, 0.01], "train_prompts": 8, "test_prompts": 8, "ks": [2],
                 "probes": 1, "batch_size": 8, "max_new_tokens": 14, "threads": 1,

@@ -105,6 +105,12 @@ def problems(value: Any, section_schema_: dict[str, Any], where: str = "") -> li
     for error in sorted(validator.iter_errors(value), key=lambda e: [str(p) for p in e.absolute_path]):
         path = ".".join([where] * bool(where) + [str(p) for p in error.absolute_path]) or "(top level)"
         message = error.message if len(error.message) <= 300 else error.message[:297] + "..."
+        if error.validator in ("maxItems", "maxProperties"):  # jsonschema's message repeats the whole value
+            message = f"{len(error.instance)} entries, more than the maximum of {error.validator_value}"
+        # a value of one of several forms: what the form of its own type says ("... greater than the maximum of 100")
+        branch = [e for e in error.context or () if e.validator not in ("type", "const", "enum")]
+        if error.validator in ("oneOf", "anyOf") and branch:
+            message = branch[0].message
         # A value's own schema says what it should be ("Full 40-hex commit sha ..."): said beside the violation.
         about = error.schema.get("description") if isinstance(error.schema, dict) else None
         if about and error.validator not in ("additionalProperties", "required", "propertyNames"):

@@ -157,7 +157,7 @@ class Targets:
         # paths as the checkout names them, so the command reproduces the record in any clone
         files = [f.relative_to(self.cwd) if f.is_absolute() and f.is_relative_to(self.cwd) else f for f in files]
         # one --configfile with every file: given again, the flag replaces the earlier files instead of adding
-        return " ".join(["snakemake --cores all", target] + (["--configfile", *map(str, files)] if files else []))
+        return "snakemake --cores all " + shlex.join([target] + (["--configfile", *map(str, files)] if files else []))
 
     def engine_bench_flags(self, wildcards: Any = None) -> str:
         s = self.config["evidence"]["engine_bench"]

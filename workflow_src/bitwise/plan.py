@@ -77,13 +77,14 @@ class BitwisePlan:
             return self.external_command(name) + tail
         impl = run["impl"]
         record = '"$SPEEDPROOF_OUT/reward_service.json"'
-        parts = [reward_serve_prefix(reward_service_name(self.config), record), rl_launcher(self.config), "-m",
-                 "workflow_src.subjects.rl", "--impl", impl, "--checkpoint", input.checkpoint, "--rl-section",
-                 input.rl, "--task-section", input.task, "--reward-section", input.reward, "--records",
-                 "--checkpoint-manifest", f"{input.checkpoint}/MANIFEST.json"]
+        # the prefix is shell text its helpers quote; every argument after it is one quoted word
+        prefix = f"{reward_serve_prefix(reward_service_name(self.config), record)} {rl_launcher(self.config)}"
+        args = ["-m", "workflow_src.subjects.rl", "--impl", impl, "--checkpoint", input.checkpoint, "--rl-section",
+                input.rl, "--task-section", input.task, "--reward-section", input.reward, "--records",
+                "--checkpoint-manifest", f"{input.checkpoint}/MANIFEST.json"]
         if impl == "optimized" and switches is not None:
-            parts += ["--switches", ",".join(switches) or "none"]
-        return " ".join(shlex.quote(p) if " " not in p else p for p in parts)
+            args += ["--switches", ",".join(switches) or "none"]
+        return f"{prefix} {shlex.join(args)}"
 
     def gpu_share(self, wildcards: Any) -> int:
         """The share of the card one run takes (workflow_src/provenance/gpu_memory.py): its stated memory on a

@@ -10,11 +10,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workflow_src.checkpoints import CheckpointError
+from workflow_src.provenance.checkpoint_files import FORMAT, MANIFEST_NAME, CheckpointError
 from workflow_src.provenance.hashing import hash_tree, sha256_json
 
-MANIFEST_NAME = "MANIFEST.json"
-FORMAT = "speedproof.checkpoint-manifest/1"
+__all__ = ["FORMAT", "MANIFEST_NAME"]
 # Formats that unpickle on load: never accepted as weights (safetensors only).
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 

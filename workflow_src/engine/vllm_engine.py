@@ -47,7 +47,7 @@ class VLLMEngine:
         if batch_size < 1:
             raise ValueError(f"vllm engine: batch_size must be >= 1, got {batch_size}")
         vllm = _import_vllm()
-        from workflow_src.checkpoints.verify import verified_checkpoint
+        from workflow_src.provenance.checkpoint_files import verified_checkpoint
         checkpoint = verified_checkpoint(checkpoint)  # vLLM reads the files itself: check them first
         self.meter = meter if meter is not None else ThroughputMeter()
         self.progress, self.batch_size = progress, batch_size

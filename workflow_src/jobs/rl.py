@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,5 +36,6 @@ def reward_service_name(config: Mapping[str, Any], exp: str | None = None, side:
 
 def reward_serve_prefix(service: str, record: str) -> str:
     """`python -m workflow_src.subjects.reward.serve ... --`: the rl command after it gets a service of its own."""
-    return (f"python -m workflow_src.subjects.reward.serve --reward-section {section_file('reward')} --service {service}"
-            f" --python-from results/env/reward_environment.json --record {record} --")
+    # `record` is shell text (a quoted "$SPEEDPROOF_OUT/..." the shell expands); the rest are quoted words
+    return (f"python -m workflow_src.subjects.reward.serve --reward-section {shlex.quote(section_file('reward'))}"
+            f" --service {shlex.quote(service)} --python-from results/env/reward_environment.json --record {record} --")

@@ -286,8 +286,8 @@ def population_seeds(base_seed: int, n: int) -> list[int]:
     already drawn is skipped; the first n distinct values are the population. The draw does not
     depend on n, so seed j of the population is the same for every n > j.
     """
-    if n < 0:
-        raise ValueError("n must be >= 0")
+    if not 0 <= n <= 2**32:
+        raise ValueError(f"a population of {n} seeds: there are 2**32 distinct seeds, and n must be >= 0")
     g = torch.Generator().manual_seed(base_seed)
     seeds: list[int] = []
     seen: set[int] = set()

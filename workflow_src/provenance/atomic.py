@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -57,27 +59,23 @@ def _short_host() -> str:
     return socket.gethostname().split(".")[0] or "localhost"
 
 
-def _pid_alive(pid: int) -> bool:
+class BuildInProgress(RuntimeError):
+    """Another live process on this host is building the same output; the message names it."""
+
+
+def _builder(path: Path, pid: int) -> psutil.Process | None:
+    """The live process `pid` that made the staging directory `path`: started before the directory last changed
+    (a later process that reuses the pid is not its builder)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
+        proc = psutil.Process(pid)
+        return proc if proc.create_time() <= path.stat().st_mtime + 1.0 else None
+    except (psutil.Error, OSError):
+        return None
 
 
-def remove_stale_staging(final: str | Path) -> list[Path]:
-    """Remove what killed earlier builds of `final` left beside it: `.NAME.<host>-<pid>.*.staging` directories
-    and `.NAME.old-<pid>` copies whose process on this host is gone (or whose name predates the pid in it).
-
-    A directory of a build still running (its pid alive) or made on another host (a shared file system) is
-    left alone."""
-    final = Path(final)
-    if not final.parent.is_dir():
-        return []
+def _staging_dirs(final: Path) -> Iterator[tuple[Path, int | None]]:
+    """This host's (or host-less) staging and old-copy directories of `final`, with the pid their name holds."""
     host = _short_host()
-    removed = []
     for path in final.parent.glob(f".{glob.escape(final.name)}.*"):
         rest = path.name[len(final.name) + 2:]
         if not path.is_dir() or path == final:
@@ -88,11 +86,39 @@ def remove_stale_staging(final: str | Path) -> list[Path]:
         pid = m.group("pid") or m.group("oldpid")
         if m.group("host") not in (None, host):
             continue
-        if pid is not None and _pid_alive(int(pid)):
+        yield path, None if pid is None else int(pid)
+
+
+def remove_stale_staging(final: str | Path) -> list[Path]:
+    """Remove what killed earlier builds of `final` left beside it: `.NAME.<host>-<pid>.*.staging` directories
+    and `.NAME.old-<pid>` copies whose process on this host is gone (or whose name predates the pid in it).
+
+    A directory of a build still running (its pid alive) or made on another host (a shared file system) is
+    left alone (`live_builds` names the first kind)."""
+    final = Path(final)
+    if not final.parent.is_dir():
+        return []
+    removed = []
+    for path, pid in _staging_dirs(final):
+        if pid is not None and _builder(path, pid) is not None:
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
+
+
+def live_builds(final: str | Path) -> list[str]:
+    """Other live processes on this host building `final` (each as "pid N (command)")."""
+    final = Path(final)
+    if not final.parent.is_dir():
+        return []
+    found = []
+    for path, pid in _staging_dirs(final):
+        proc = None if pid is None or pid == os.getpid() else _builder(path, pid)
+        if proc is not None:
+            with contextlib.suppress(psutil.Error):
+                found.append(f"pid {pid} ({' '.join(proc.cmdline())[:300]}), staging {path.name}")
+    return found
 
 
 @contextlib.contextmanager
@@ -100,10 +126,15 @@ def atomic_directory(final: str | Path) -> Iterator[Path]:
     """Yield an empty staging directory; on success it becomes `final`, on error it is removed.
 
     An existing `final` is replaced only after the new one is complete. Staging directories left by killed
-    earlier builds of `final` are removed first (`remove_stale_staging`).
+    earlier builds of `final` are removed first (`remove_stale_staging`); while another live process on this
+    host builds `final` (one orphaned by a killed snakemake, say) it refuses with BuildInProgress, naming it.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    live = live_builds(final)
+    if live:
+        raise BuildInProgress(f"{final} is being built by another live process: {'; '.join(live)}; stop it or "
+                              "wait for it to end")
     for path in remove_stale_staging(final):
         print(f"removed {path}, left by a killed earlier build of {final}", file=sys.stderr)
     prefix = f".{final.name}.{_short_host()}-{os.getpid()}."

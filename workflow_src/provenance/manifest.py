@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from workflow_src.provenance.atomic import atomic_write_json
+from workflow_src.provenance.checkpoint_files import CheckpointError, is_checkpoint, verify_checkpoint
 from workflow_src.provenance.code import load as load_code
 from workflow_src.provenance.hashing import hash_tree, sha256_file, sha256_json
 from workflow_src.provenance.sources import source_hashes
@@ -21,9 +22,13 @@ from workflow_src.provenance.stamp import provenance
 
 
 def output_hashes(paths: list[str]) -> dict[str, Any]:
+    """sha256 and size of every file of `paths`; a checkpoint directory's files are verified against its
+    MANIFEST.json first (CheckpointError), so no hash of corrupt bytes is recorded beside it."""
     out: dict[str, Any] = {}
     for p in sorted(set(paths)):
         path = Path(p)
+        if path.is_dir() and is_checkpoint(path):
+            verify_checkpoint(path)
         if path.is_dir():
             for rel, h in hash_tree(path).items():
                 out[f"{path.as_posix()}/{rel}"] = h
@@ -34,6 +39,8 @@ def output_hashes(paths: list[str]) -> dict[str, Any]:
 
 def build_manifest(experiment: str, config: dict[str, Any], outputs: list[str], sections: list[str],
                    environment: str | None, checkpoint_dir: str | None, code: list[str] = ()) -> dict[str, Any]:
+    if checkpoint_dir:
+        verify_checkpoint(checkpoint_dir)  # its manifest's hash is recorded: only once it vouches for the files
     ckpt_manifest = Path(checkpoint_dir) / "MANIFEST.json" if checkpoint_dir else None
     prov = provenance(sections, ckpt_manifest, environment, code)
     files = output_hashes(outputs)
@@ -62,8 +69,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--code", nargs="*", default=[], help="results/code/{experiment}/{side}.json records")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    doc = build_manifest(args.experiment, json.loads(args.config_json), args.outputs, args.sections, args.environment,
-                         args.checkpoint, args.code)
+    try:
+        doc = build_manifest(args.experiment, json.loads(args.config_json), args.outputs, args.sections,
+                             args.environment, args.checkpoint, args.code)
+    except CheckpointError as e:
+        raise SystemExit(f"experiment manifest {args.experiment}: {e}") from None
     atomic_write_json(args.out, doc)
 
 

@@ -225,7 +225,7 @@ def load_runtime(cfg: Config, engine: bool = True, perturber: bool = True, progr
     device = resolve_device(s.device)
     meter = ThroughputMeter(sync=torch.cuda.synchronize if device == "cuda" else None)
     with meter.phase("load"):
-        from workflow_src.checkpoints.verify import verified_checkpoint
+        from workflow_src.provenance.checkpoint_files import verified_checkpoint
         verified_checkpoint(cfg.checkpoint)  # every file against MANIFEST.json before any weight is read
         tokenizer = AutoTokenizer.from_pretrained(cfg.checkpoint)
         dtype = "auto" if s.dtype == "auto" else getattr(torch, s.dtype)

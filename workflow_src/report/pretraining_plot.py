@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from workflow_src.provenance.atomic import atomic_write_text
+from workflow_src.provenance.checkpoint_files import CheckpointError, verify_checkpoint
 from workflow_src.report.plotting import plt, save_png
 
 
@@ -46,6 +47,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--png", required=True)
     parser.add_argument("--csv", required=True)
     args = parser.parse_args(argv)
+    try:
+        verify_checkpoint(args.checkpoint)  # the log is one of the checkpoint's files: vouched for by its manifest
+    except CheckpointError as e:
+        raise SystemExit(f"pretraining plot: {e}") from None
     log = json.loads((args.checkpoint / "pretraining_log.json").read_text())
     save_png(plot(log, f"Pretraining of {args.checkpoint.name}"), args.png)
     atomic_write_text(args.csv, curve_csv(log))

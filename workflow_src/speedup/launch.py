@@ -4,7 +4,8 @@
         --command 'python -m workflow_src.subjects.rl --impl optimized ... --steps 16 --out "$SPEEDPROOF_OUT"' \\
         --out-dir results/speedup/full/opt --after results/speedup/full/A/meta.json \\
         [--environment results/env/environment.json] [--config-sections ...] [--checkpoint-manifest ...] \\
-        [--switches s1 s2] [--ranks R] [--code results/code/EXP/SIDE.json] [--log-file steps.jsonl --log-format jsonl|regex --log-pattern RX]
+        [--switches s1 s2] [--ranks R] [--code results/code/EXP/SIDE.json] [--log-file steps.jsonl --log-format jsonl|regex --log-pattern RX] \\
+        [--lock MACHINE_LOCK]
 
 The command is run as given by ``bash -o pipefail -c`` (nothing is appended). It must write its log into the
 staging directory, whose path it finds in ``$SPEEDPROOF_OUT`` (also exported: ``SPEEDPROOF_STEPS``,
@@ -14,8 +15,11 @@ subject's stdout/stderr are streamed to our stderr and kept as ``subject.log``.
 ``--after`` names the previous launch's meta.json (opt after A, B after opt, within one triple): the launch
 refuses to start unless it exists, belongs to that launch of the same triple, succeeded on this host, and ended
 before now. ``--mode`` records how the command was composed (production, or deterministic: the subject was
-given --deterministic); the paired result refuses to mix modes. Stale staging directories of killed earlier
-tries of the same launch are removed when it starts. Checks after the run:
+given --deterministic); the paired result refuses to mix modes. The launch holds the machine lock alone
+(``--lock``, provenance.machine_lock): it refuses to start while anything else of the project holds it, naming
+it; the subject inherits the lock, and meta.json records the foreign load (other processes' CPU time, GPU
+processes) over the run. Stale staging directories of killed earlier tries of the same launch are removed when it
+starts; a live one (an orphaned try) makes it refuse. Checks after the run:
 exit status 0, then the log has exactly steps 0..N-1 on every rank (see steplog). Any failure: exit status 1,
 a message naming the launch (and step), and no output directory.
 """
@@ -36,8 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from workflow_src.processes import stop_process
-from workflow_src.provenance.atomic import atomic_directory, atomic_write_json
+from workflow_src.provenance.atomic import BuildInProgress, atomic_directory, atomic_write_json
 from workflow_src.provenance.hashing import sha256_file
+from workflow_src.provenance.machine_lock import ForeignLoad, MachineBusy, lock_path, machine
 from workflow_src.provenance.stamp import provenance
 from workflow_src.speedup import LAUNCHES, MODES, PREDECESSOR, launch_name
 from workflow_src.speedup.steplog import (
@@ -155,13 +160,15 @@ def _pump(stream, log_file, sink) -> None:
             pass
 
 
-def run_subject(command: str, staging: Path, env: dict[str, str], timeout_s: float | None):
-    """Run the command, streaming its output; returns (exit code, start point, end point)."""
+def run_subject(command: str, staging: Path, env: dict[str, str], timeout_s: float | None,
+                pass_fds: tuple[int, ...] = ()):
+    """Run the command, streaming its output (`pass_fds`: descriptors it inherits, the machine lock's);
+    returns (exit code, start point, end point)."""
     sink = getattr(sys.stderr, "buffer", sys.stderr)
     with open(staging / SUBJECT_LOG, "wb") as log_file:
         start = time_point()
         proc = subprocess.Popen(["bash", "-o", "pipefail", "-c", command], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, pass_fds=pass_fds)
         pump = threading.Thread(target=_pump, args=(proc.stdout, log_file, sink), daemon=True)
         pump.start()
         try:
@@ -224,11 +231,19 @@ def run_launch(args: argparse.Namespace) -> dict[str, Any]:
     after = check_after(role, args.after, host, boot, args.repeat) if args.after else None
     env_hash = json.loads(Path(args.environment).read_text())["env_hash"] if args.environment else None
     final_steps = out_dir / STEPS_FILE
-    with atomic_directory(out_dir) as staging:
-        env = {**os.environ, "SPEEDPROOF_OUT": str(staging.resolve()), "SPEEDPROOF_STEPS": str(args.steps),
-               "SPEEDPROOF_LAUNCH": launch}
+    # The machine is taken before anything is touched: a launch refused leaves the results as they were.
+    with machine(lock_path(args.lock), f"speedup launch {launch} ({out_dir})", exclusive=True,
+                 command=args.command) as hold, atomic_directory(out_dir) as staging:
+        env = hold.child_env({**os.environ, "SPEEDPROOF_OUT": str(staging.resolve()),
+                              "SPEEDPROOF_STEPS": str(args.steps), "SPEEDPROOF_LAUNCH": launch})
         print(f"launch {launch}: {args.command}", file=sys.stderr, flush=True)
-        rc, start, end = run_subject(args.command, staging, env, args.timeout_s or None)
+        load = ForeignLoad()
+        load.start()
+        rc, start, end = run_subject(args.command, staging, env, args.timeout_s or None, pass_fds=(hold.fd,))
+        foreign = load.stop()
+        print(f"launch {launch}: other processes used {foreign['foreign_share']:.1%} of the machine's CPU time "
+              f"({foreign['foreign_cpu_seconds']:.1f} CPU s over {foreign['wall_seconds']:.1f} s × "
+              f"{foreign['cpus']} CPUs)", file=sys.stderr, flush=True)
         if rc != 0:
             step = failure_step(staging, args.log_file, args.log_format, args.log_pattern)
             how = ("timed out after {:g} s".format(args.timeout_s) if rc is None else
@@ -258,6 +273,7 @@ def run_launch(args: argparse.Namespace) -> dict[str, Any]:
             "end": end,
             "wall_seconds": (end["monotonic_ns"] - start["monotonic_ns"]) / 1e9,
             "exit_code": rc,
+            "machine": {"lock": str(hold.path), "foreign_load": foreign},
             "steps": log.n_steps,
             "ranks": log.n_ranks,
             "log": {"file": args.log_file, "format": args.log_format, "pattern": args.log_pattern},
@@ -297,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the subject's log, relative to $SPEEDPROOF_OUT (subject.log = its captured output)")
     parser.add_argument("--log-format", default="jsonl", choices=LOG_FORMATS)
     parser.add_argument("--log-pattern", help="regex with named groups step, seconds [, rank, phase_<name>]")
+    parser.add_argument("--lock", help="the machine lock file (config machine.lock; default: the per-user path)")
     parser.add_argument("--timeout-s", type=float, default=0, help="kill the subject after this long (0: never)")
     return parser
 
@@ -312,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         meta = run_launch(args)
-    except (LaunchError, StepLogError) as e:
+    except (LaunchError, StepLogError, MachineBusy, BuildInProgress) as e:
         print(f"speedup launch failed: {e}; nothing was kept at {args.out_dir}", file=sys.stderr)
         raise SystemExit(1) from None
     except ValueError as e:  # a bad log pattern

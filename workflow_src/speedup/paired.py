@@ -37,7 +37,7 @@ from workflow_src.speedup import LAUNCHES, MODES, PREDECESSOR, launch_name, pars
 from workflow_src.speedup.launch import META_FILE, finished_launch, not_later, same_clock
 from workflow_src.speedup.plan import SIDE
 from workflow_src.speedup.steplog import STEPS_FILE, StepLog, StepLogError, read_steps
-from workflow_src.speedup.verdict import bitwise_reason, noise_reason, verdict
+from workflow_src.speedup.verdict import bitwise_reason, foreign_load_reasons, noise_reason, verdict
 from workflow_src.speedup.windows import (
     TABLE_HEADER,
     Window,
@@ -153,7 +153,8 @@ def headline_gap(doc: dict[str, Any]) -> float:
 
 
 def compute(exp: str, triples: list[dict[str, Path]], warmup: int, windows: int, window_steps: int, *,
-            max_gap_s: float | None = None, noise_warn: float = 0.10, noise_margin: float = 1.0) -> dict[str, Any]:
+            max_gap_s: float | None = None, noise_warn: float = 0.10, noise_margin: float = 1.0,
+            foreign_share_max: float | None = None) -> dict[str, Any]:
     """Everything in speedup.json except provenance and the bitwise verdict (checks included)."""
     if not triples:
         raise PairedError("no launches given")
@@ -195,6 +196,7 @@ def compute(exp: str, triples: list[dict[str, Path]], warmup: int, windows: int,
             "order": list(LAUNCHES), "warmup": warmup, "windows": windows, "window_steps": window_steps,
             "steps_per_launch": n_steps, "repeats": len(triples), "mode": mode, "max_gap_s": max_gap_s,
             "noise_warn": noise_warn, "noise_margin": noise_margin,
+            "foreign_share_max": foreign_share_max,
             "step_time": "max over ranks of the step's seconds",
             "window_time": "mean step time over the window's steps",
             "baseline": "per window, the faster of launches A and B of the same triple",
@@ -223,7 +225,8 @@ def decide(doc: dict[str, Any]) -> dict[str, Any]:
     """speedup.json's verdict: the headline counts unless a check gives a reason (speedup/verdict.py)."""
     noise = doc["noise"]
     return verdict([noise_reason(noise["headline_ab_gap"], doc["headline"]["ratio"], noise["margin"]),
-                    bitwise_reason(doc.get("bitwise"))])
+                    bitwise_reason(doc.get("bitwise")),
+                    *foreign_load_reasons(doc["launches"], doc["protocol"].get("foreign_share_max"))])
 
 
 def window_rows(doc: dict[str, Any]) -> dict[int, list[Window]]:
@@ -380,6 +383,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--auto", type=Path,
                         help="speedup.repeats auto: the last decision (results/speedup/{exp}/auto/{k}.json), "
                              "which says why the triples stopped")
+    parser.add_argument("--foreign-share-max", type=float, default=section["foreign_share_max"],
+                        help="a launch whose other processes used more of the machine's CPU time makes the "
+                             "comparison inconclusive (default: speedup.foreign_share_max's, %(default)s); "
+                             "below 0: never")
     parser.add_argument("--out-json", required=True)
     parser.add_argument("--out-csv", required=True)
     parser.add_argument("--out-html", required=True)
@@ -405,7 +412,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         doc = compute(args.exp, triples, args.warmup, args.windows, args.window_steps,
                       max_gap_s=args.max_gap_s if args.max_gap_s > 0 else None, noise_warn=args.noise_warn,
-                      noise_margin=args.noise_margin)
+                      noise_margin=args.noise_margin,
+                      foreign_share_max=None if args.foreign_share_max is None or args.foreign_share_max < 0
+                      else args.foreign_share_max)
     except (PairedError, StepLogError, ValueError) as e:
         print(f"paired speedup {args.exp}: refused: {e}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from workflow_src.jobs.external import code_record, external_command, side_command
+from workflow_src.jobs.machine import lock_flags
 from workflow_src.jobs.rl import reward_serve_prefix, reward_service_name, rl_launcher, rl_world
 from workflow_src.jobs.sections import checkpoint_dir, section_file
 from workflow_src.provenance.code import SIDES
@@ -207,6 +208,7 @@ class SpeedupPlan:
         adapter."""
         role, repeat = parse_launch_name(wildcards.launch)
         flags = ["--launch", role, "--repeat", str(repeat), "--mode", self.mode(wildcards.exp)]
+        flags += lock_flags(self.config)
         if PREDECESSOR[role] is not None:
             flags += ["--after", f"{input.after}/meta.json"]
         if self.uses_checkpoint(wildcards.exp):
@@ -273,7 +275,8 @@ class SpeedupPlan:
         inputs are not known yet, and what is absent is left out."""
         s = self.s
         flags = [f"--noise-warn {s['noise_warn']!r}", f"--max-gap-s {max_gap_s(s)!r}",
-                 f"--noise-margin {s['noise_margin']!r}"]
+                 f"--noise-margin {s['noise_margin']!r}",
+                 f"--foreign-share-max {-1 if s['foreign_share_max'] is None else s['foreign_share_max']!r}"]  # -1: never
         if "environment" in input.keys():
             flags.append(f"--environment {shlex.quote(input.environment)} --config-sections "
                          + " ".join(shlex.quote(f) for f in input.sections))

@@ -48,6 +48,27 @@ def bitwise_reason(bitwise: Mapping[str, Any] | None) -> dict[str, str] | None:
     return reason("bitwise", NOT_COUNTED, f"does not count: {bitwise['reason']}")
 
 
+def foreign_load_reasons(launches: Mapping[str, Mapping[str, Any]], max_share: float | None) -> list[dict[str, str]]:
+    """The machine check (docs/protocol.md, One machine): each launch whose other processes used more than
+    `max_share` of the machine's CPU time (its meta.json's machine.foreign_load), or that recorded none, makes the
+    headline inconclusive; None: no check."""
+    if max_share is None:
+        return []
+    found = []
+    for name, meta in launches.items():
+        load = (meta.get("machine") or {}).get("foreign_load")
+        if load is None:
+            found.append(reason("foreign load", INCONCLUSIVE, f"inconclusive: launch {name} recorded no foreign load "
+                                                              "(it ran without the machine lock)"))
+        elif load["foreign_share"] > max_share:
+            top = ", ".join(f"pid {p['pid']} {p['cpu_seconds']:.1f} CPU s ({p['command'][:80]})"
+                            for p in load["top_processes"][:3])
+            found.append(reason("foreign load", INCONCLUSIVE, f"inconclusive: launch {name} shared the machine: other "
+                                f"processes used {load['foreign_share']:.1%} of its CPU time, more than "
+                                f"speedup.foreign_share_max ({max_share:.1%})" + (f"; most: {top}" if top else "")))
+    return found
+
+
 def verdict(reasons: Sequence[Mapping[str, str] | None]) -> dict[str, Any]:
     """The verdict of the reasons given (None: that check passed)."""
     found = [dict(r) for r in reasons if r is not None]

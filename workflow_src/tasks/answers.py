@@ -30,6 +30,10 @@ _SPACED_SIGN = re.compile(r"^\s*([-+\u2212])\s+(?=\\?\$?\s*[\d.])")
 # its answers then carry `####` markers of their own). lm-eval also stops at a blank line, which would cut a
 # zero-shot chain of thought before its answer, so only this one applies.
 GSM8K_STOP = ("Question:",)
+# The strict GSM8K rule, as the schema, docs/tasks.md and the registry state it (tests/test_tasks_real.py holds
+# them to this wording): lm-eval's strict-match takes the first match of `#### (number)` (its RegexFilter's
+# group_select 0).
+GSM8K_STRICT_RULE = "first number after the first ####"
 
 
 def _close_sign(text: str) -> str:
@@ -110,8 +114,8 @@ def last_number(text: str) -> str | None:
 
 
 def extract_gsm8k_strict(text: str) -> str | None:
-    """The answer after the first `####` of the completion cut at `GSM8K_STOP`, up to the end of that line:
-    its first number in canonical form ("#### $1,200." -> "1200", "#### 18 dollars" -> "18",
+    """The strict GSM8K answer (GSM8K_STRICT_RULE): after the first `####` of the completion cut at `GSM8K_STOP`,
+    up to the end of that line, its first number in canonical form ("#### $1,200." -> "1200", "#### 18 dollars" -> "18",
     "#### - 3" -> "-3"); a line without a number gives its stripped text; None when there is no `####`
     or nothing after it."""
     text = cut_at_stop(text)
@@ -221,7 +225,8 @@ def normalize_math_answer(text: str) -> str:
     (except the one after a command before a letter: "\\pi r" stays; a comma is followed by one
     space: "(3,4)" -> "(3, 4)"). `\\dfrac`/`\\tfrac` become
     `\\frac`, `\\frac12` becomes `\\frac{1}{2}`, plain numbers take the canonical form of
-    `normalize_answer` ("5.0" -> "5"), and "x = 5" becomes "5". A number with thousands separators
+    `normalize_answer` ("5.0" -> "5"). A left side is kept ("x = 5" -> "x=5"): `math_equivalent`
+    compares it (a wrong variable is a wrong answer). A number with thousands separators
     ("1,000", "10,100") stays as written: "10,100" is ten thousand one hundred beside a number and the list
     10, 100 beside a list, and `math_equivalent` reads it by the other side.
     """
@@ -250,12 +255,10 @@ def normalize_math_answer(text: str) -> str:
     s = re.sub(r"(\\[A-Za-z]+)\s+(?=[A-Za-z])", "\\1\x00", s)  # keep "\pi r" apart
     s = re.sub(r"\s+", "", s).replace("\x00", " ")
     s = s.replace(",", ", ")  # one form for "(3,4)" and "(3, 4)"; keeps "10, 100" a list on re-normalizing
-    m = _SIMPLE_LHS.match(s)
-    if m and _NUMBER.fullmatch(m.group("rhs")):
-        s = m.group("rhs")
-    if _NUMBER.fullmatch(s):
-        s = normalize_answer(s)
-    return s
+    lhs, rhs = split_lhs(s)
+    if _NUMBER.fullmatch(rhs):
+        rhs = normalize_answer(rhs)
+    return rhs if lhs is None else f"{lhs}={rhs}"
 
 
 def extract_boxed(text: str) -> str | None:
@@ -416,18 +419,20 @@ def _read_thousands(s: str, other: str) -> str:
     return normalize_answer(s.replace(",", ""))
 
 
-def _lhs(text: str) -> str | None:
-    """The variable of a one-letter `x = ...` answer, or None."""
-    m = _SIMPLE_LHS.match(re.sub(r"\s+", "", text.replace("$", "")))
-    return m.group("lhs") if m else None
+def split_lhs(text: str) -> tuple[str | None, str]:
+    """(variable, value) of a one-letter `x = value` answer; (None, text) for anything else."""
+    m = _SIMPLE_LHS.match(text)
+    return (m.group("lhs"), m.group("rhs").strip()) if m else (None, text)
 
 
 def math_equivalent(got: str | None, answer: str | None, timeout_s: float = MATH_VERIFY_TIMEOUT_S) -> bool:
     """Whether the extracted answer `got` is mathematically equal to the reference `answer`.
 
-    Equal normalized strings (`normalize_math_answer`) are equivalent at once. Otherwise
+    Left sides are compared, never dropped: two one-letter equations of different variables are not
+    equal ("y=3" is not "x=3"), while an equation and a bare value compare the values ("x=3" = "3"), as
+    math-verify rules. Then equal normalized values are equivalent at once. Otherwise
     math-verify decides (gold = answer, target = got; both parsed from `\\boxed{..}` of the
-    normalized strings), in a worker process, within `timeout_s`. When either side does not
+    normalized values), in a worker process, within `timeout_s`. When either side does not
     parse, math-verify is unavailable, times out or fails, the result is the string comparison
     (False). Never raises and never waits much longer than `timeout_s` (plus a worker's start-up
     on first use); safe from any thread.
@@ -435,10 +440,9 @@ def math_equivalent(got: str | None, answer: str | None, timeout_s: float = MATH
     try:
         if got is None or answer is None:
             return False
-        g, a = normalize_math_answer(got), normalize_math_answer(answer)
+        (lhs_g, g), (lhs_a, a) = split_lhs(normalize_math_answer(got)), split_lhs(normalize_math_answer(answer))
         if not g or not a:
             return False
-        lhs_g, lhs_a = _lhs(got), _lhs(answer)
         if lhs_g and lhs_a and lhs_g != lhs_a:  # "y = 3" is not "x = 3" (math-verify agrees)
             return False
         g, a = _read_thousands(g, a), _read_thousands(a, g)

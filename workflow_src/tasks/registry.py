@@ -62,8 +62,8 @@ TASKS: dict[str, Task] = {
         equivalent=_equal_normalized,
         partial=lambda c: 0.5 * sum(ch.isdigit() for ch in c) / len(c) if c else 0.0,
     ),
-    # Strict: only the first number after the last `####`. Lenient: then the last \boxed{}, then
-    # the last number in the completion. Numbers compare in canonical form ("1,200.0" == "1200").
+    # Strict: only the first number after the first #### (answers.GSM8K_STRICT_RULE). Lenient: then the last
+    # \boxed{}, then the last number in the completion. Numbers compare in canonical form ("1,200.0" == "1200").
     "gsm8k": Task(
         name="gsm8k",
         load=gsm8k.load,

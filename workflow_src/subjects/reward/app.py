@@ -40,8 +40,10 @@ def _read_body(environ, max_body_bytes: int, body_timeout_s: float | None = None
     and sends it slowly would otherwise hold a worker (a sync worker: the whole service) until gunicorn's
     worker timeout. The deadline shuts the connection's read side, which ends the blocked read at once."""
     raw = environ.get("CONTENT_LENGTH") or ""
+    if not raw.strip():  # a chunked body, or none announced: its size is not known before it is read
+        raise _BadRequest(411, "a request body needs a Content-Length (chunked bodies are not accepted)")
     try:
-        length = int(raw) if raw.strip() else 0
+        length = int(raw)
     except ValueError:
         raise _BadRequest(400, f"invalid Content-Length: {raw!r}")
     if length < 0:
@@ -175,7 +177,7 @@ def create_app(max_body_bytes: int = 1_000_000, body_timeout_s: float | None = 5
                                                       "pid": os.getpid()})
             return _respond(start_response, 404, {"error": f"no such path: {path}"})
         except _BadRequest as exc:
-            headers = [("Connection", "close")] if exc.status in (408, 413) else None
+            headers = [("Connection", "close")] if exc.status in (408, 411, 413) else None
             return _respond(start_response, exc.status, {"error": exc.message}, headers)
         except Exception as exc:  # noqa: BLE001 - a JSON 500 (which the client retries), never gunicorn's HTML page
             return _respond(start_response, 500, {"error": f"internal error: {type(exc).__name__}: {exc}"},

@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     svc = RewardService(workers=settings["workers"], threads=settings["threads"],
                         omp_threads=settings["omp_threads"], python=python,
                         max_body_bytes=section["max_body_bytes"], body_timeout_s=section["body_timeout_s"],
+                        header_timeout_s=section["header_timeout_s"],
                         startup_timeout_s=section["startup_timeout_s"],
                         scorer=section["scorer"] if section["kind"] == "model" else None)
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import requests
 
+from workflow_src.subjects.reward.worker import HEADER_TIMEOUT_VARIABLE, worker_class
+
 REPO = Path(__file__).resolve().parents[3]
 _PR_SET_PDEATHSIG = 1
 
@@ -49,7 +51,8 @@ class RewardService:
     def __init__(self, workers: int = 2, threads: int = 2, port: int | None = None, host: str = "127.0.0.1",
                  startup_timeout_s: float = 30.0, stop_timeout_s: float = 10.0, worker_timeout_s: int = 30,
                  python: str | None = None, omp_threads: int | None = None, max_body_bytes: int = 1_000_000,
-                 body_timeout_s: float | None = 5.0, scorer: dict | None = None):
+                 body_timeout_s: float | None = 5.0, header_timeout_s: float | None = 5.0,
+                 scorer: dict | None = None):
         if workers < 1 or threads < 1:
             raise ValueError(f"workers={workers}, threads={threads}; both must be >= 1")
         if omp_threads is not None and omp_threads < 1:
@@ -59,6 +62,7 @@ class RewardService:
         self.omp_threads = omp_threads
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
+        self.header_timeout_s = header_timeout_s
         self.scorer = scorer
         self.host = host
         self.port = port
@@ -96,7 +100,8 @@ class RewardService:
         cmd = [self.python, "-m", "gunicorn",
                "--bind", f"{self.host}:{self.port}",
                "--workers", str(self.workers), "--threads", str(self.threads),
-               "--worker-class", "gthread" if self.threads > 1 else "sync",
+               # gunicorn's sync / gthread worker as the setting asks, with a deadline on the request headers
+               "--worker-class", worker_class(self.threads),
                "--timeout", str(self.worker_timeout_s), "--graceful-timeout", "3",
                "--chdir", str(REPO), "--log-level", "warning",
                f"workflow_src.subjects.reward.app:create_app(max_body_bytes={int(self.max_body_bytes)}, "
@@ -104,6 +109,7 @@ class RewardService:
                + (f", scorer={json.dumps(self.scorer, sort_keys=True)!r})" if self.scorer is not None else ")")]
         env = {**os.environ}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+        env[HEADER_TIMEOUT_VARIABLE] = "" if self.header_timeout_s is None else repr(float(self.header_timeout_s))
         if self.omp_threads is not None:  # the reference caps each worker's OpenMP/MKL pools
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.omp_threads)
         self._log = tempfile.TemporaryFile()

@@ -138,7 +138,7 @@ class Trainer:
         # cuBLAS picks GEMM kernels by the row count: batched_train and ref_batched keep micro-batch GEMM shapes.
         self.chunk_gemms = self.device.type == "cuda"
 
-        from workflow_src.checkpoints.verify import verified_checkpoint
+        from workflow_src.provenance.checkpoint_files import verified_checkpoint
         checkpoint = verified_checkpoint(checkpoint)  # every file against MANIFEST.json before any weight is read
         self.tok = AutoTokenizer.from_pretrained(checkpoint)
         torch.manual_seed(settings.seed)

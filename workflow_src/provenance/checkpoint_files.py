@@ -1,5 +1,6 @@
-"""Every consumer opens a checkpoint through `verified_checkpoint`: its files are checked against its
-MANIFEST.json (the file set, extras included, and every sha256) before any weight is read.
+"""Verify before vouching: everything that reads or hashes a checkpoint's files goes through `verify_checkpoint`
+(or `verified_checkpoint`) first: its files are checked against its MANIFEST.json (the file set, extras included,
+and every sha256) before any weight is read, a log plotted or a hash recorded.
 
 The manifest is written by the `checkpoint` rule from the files it built, copied or downloaded; a byte
 flipped afterwards, a deleted file or an extra one is found here and named, with both hashes and the command
@@ -16,9 +17,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workflow_src.checkpoints import CheckpointError
-from workflow_src.checkpoints.manifest import FORMAT, MANIFEST_NAME
 from workflow_src.provenance.hashing import sha256_file
+
+MANIFEST_NAME = "MANIFEST.json"
+FORMAT = "speedproof.checkpoint-manifest/1"
+
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be obtained or did not verify; the message says which file and why."""
+
 
 REBUILD = "snakemake --cores all --forcerun checkpoint"
 # Snakemake marks a finished directory output with this file; it is not part of the checkpoint.
@@ -99,6 +107,14 @@ def verify_checkpoint(directory: str | Path, *, quiet: bool = False) -> dict[str
               f"({hashed_bytes / 1e9:.2f} GB hashed in {seconds:.2f} s, {cached} from this process's cache)",
               file=sys.stderr)
     return doc
+
+
+def is_checkpoint(directory: str | Path) -> bool:
+    """The directory holds a checkpoint manifest (other outputs may hold a MANIFEST.json of their own format)."""
+    try:
+        return json.loads((Path(directory) / MANIFEST_NAME).read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def verified_checkpoint(directory: str | Path) -> Path:
