@@ -15,6 +15,7 @@ rule ablation_switch_check:
     output:
         f"{ABLATION.dir}/switch_check.json",
     params:
+        lock=machine_lock("ablation_switch_check"),
         configs=ABLATION.switch_check_configs,
         settings=lambda w: json.dumps(SPEEDUP.comparison(ABLATION.plan()["comparison"])["optimized_settings"],
                                       sort_keys=True),
@@ -28,7 +29,7 @@ rule ablation_switch_check:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "{LOCKED} {rule} -- python -m workflow_src.subjects.rl.switch_check --checkpoint {input.checkpoint}"
+        "{params.lock} python -m workflow_src.subjects.rl.switch_check --checkpoint {input.checkpoint}"
         " --rl-section {input.rl}"
         " --task-section {input.task} --settings-json {params.settings:q} --steps {params.steps}"
         " --configs {params.configs:q} --out {output} > {log} 2>&1"
@@ -44,8 +45,9 @@ rule ablation_bitwise_run:
     output:
         directory(f"{ABLATION.dir}/bitwise/{{set}}"),
     wildcard_constraints:
-        set=ABLATION_PREFIX + "[A-Za-z0-9_]+",
+        set=f"{ABLATION_PREFIX}[A-Za-z0-9_]+",
     params:
+        lock=machine_lock("ablation_bitwise_run"),
         command=ABLATION.run_command,
         steps=lambda w: config["bitwise"]["steps"],
     log:
@@ -57,7 +59,7 @@ rule ablation_bitwise_run:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "{LOCKED} {rule} -- python -m workflow_src.bitwise.deterministic_run --run {wildcards.set}"
+        "{params.lock} python -m workflow_src.bitwise.deterministic_run --run {wildcards.set}"
         " --command {params.command:q}"
         " --steps {params.steps} --out {output} --code {input.code} > {log} 2>&1"
 
@@ -74,7 +76,7 @@ rule ablation_bitwise_compare:
         csv=f"{ABLATION.dir}/compare/{{set}}.csv",
         html=f"{ABLATION.dir}/compare/{{set}}.html",
     wildcard_constraints:
-        set=ABLATION_PREFIX + "[A-Za-z0-9_]+",
+        set=f"{ABLATION_PREFIX}[A-Za-z0-9_]+",
     log:
         f"results/logs/ablation/{EXP}/compare_{{set}}.log",
     conda:

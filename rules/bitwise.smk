@@ -7,6 +7,7 @@ rule deterministic_run:
     wildcard_constraints:
         run=r"[A-Za-z0-9_]+",
     params:
+        lock=machine_lock("deterministic_run"),
         command=BITWISE.command,
         steps=lambda w: config["bitwise"]["steps"],
         flags=BITWISE.run_flags,
@@ -21,7 +22,7 @@ rule deterministic_run:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "{LOCKED} {rule} -- python -m workflow_src.bitwise.deterministic_run --run {wildcards.run} --command {params.command:q}"
+        "{params.lock} python -m workflow_src.bitwise.deterministic_run --run {wildcards.run} --command {params.command:q}"
         " --steps {params.steps} --out {output} {params.flags} > {log} 2>&1"
 
 
@@ -84,6 +85,7 @@ rule rl_switch_check:
     output:
         **BITWISE.switch_check_outputs(),
     params:
+        lock=machine_lock("rl_switch_check"),
         steps=lambda w: config["bitwise"]["switch_check"]["steps"],
         candidates=BITWISE.switch_check_flags,
     log:
@@ -95,5 +97,5 @@ rule rl_switch_check:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "{LOCKED} {rule} -- python -m workflow_src.subjects.rl.switch_check --checkpoint {input.checkpoint} --rl-section {input.rl}"
+        "{params.lock} python -m workflow_src.subjects.rl.switch_check --checkpoint {input.checkpoint} --rl-section {input.rl}"
         " --task-section {input.task} --steps {params.steps} {params.candidates} --out {output.check} > {log} 2>&1"

@@ -49,9 +49,12 @@ RANDOPT_PYTHON, _warning = generating_python(config, os.environ, workflow.basedi
 if _warning:
     print(_warning, file=sys.stderr)
 TARGETS = Targets(config, SPEEDUP, BITWISE, RANDOPT, CODE, workflow.config_settings.configfiles, Path.cwd())
-# What a GPU job's shell line starts with: `{LOCKED} {rule} -- python -m ...` runs it holding the machine lock
-# shared, so it never runs beside a timed launch of any snakemake (the launches hold it alone).
-LOCKED = locked(config)
+
+
+def machine_lock(rule, exclusive=False):
+    """A GPU job's `lock` param, the start of its shell line: it runs holding the machine lock shared, so it never
+    runs beside a timed launch of any snakemake (the launches hold it alone), or alone where `exclusive`."""
+    return locked(config, rule, exclusive)
 
 
 wildcard_constraints:

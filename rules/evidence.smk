@@ -8,6 +8,7 @@ rule engine_bench_run:
         bench=f"results/evidence/{TARGETS.engine_claim}/bench.json",
         record=f"results/evidence/{TARGETS.engine_claim}/record.json",
     params:
+        lock=machine_lock("engine_bench_run", exclusive=True),
         flags=TARGETS.engine_bench_flags,
         claim=TARGETS.engine_claim,
         command=TARGETS.evidence_command("engine_bench"),
@@ -22,7 +23,7 @@ rule engine_bench_run:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "{LOCKED} {rule} --exclusive -- python -m workflow_src.bench.engine {params.flags} --out {output.bench} > {log} 2>&1"
+        "{params.lock} python -m workflow_src.bench.engine {params.flags} --out {output.bench} > {log} 2>&1"
         " && python -m workflow_src.report.evidence engine --bench {output.bench} --claim {params.claim}"
         " --command {params.command:q} --environment {input.environment} --config-sections {input.section}"
         " --out {output.record} >> {log} 2>&1"
@@ -36,6 +37,7 @@ rule seeded_linear_bench_run:
         bench=f"results/evidence/{TARGETS.seeded_linear_claim}/bench.json",
         record=f"results/evidence/{TARGETS.seeded_linear_claim}/record.json",
     params:
+        lock=machine_lock("seeded_linear_bench_run", exclusive=True),
         flags=TARGETS.seeded_linear_bench_flags,
         claim=TARGETS.seeded_linear_claim,
         command=TARGETS.evidence_command("seeded_linear_bench"),
@@ -50,7 +52,7 @@ rule seeded_linear_bench_run:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "{LOCKED} {rule} --exclusive -- python -m workflow_src.bench.seeded_linear {params.flags} --out {output.bench} > {log} 2>&1"
+        "{params.lock} python -m workflow_src.bench.seeded_linear {params.flags} --out {output.bench} > {log} 2>&1"
         " && python -m workflow_src.report.evidence seeded_linear --bench {output.bench} --claim {params.claim}"
         " --command {params.command:q} --environment {input.environment} --config-sections {input.section}"
         " --out {output.record} >> {log} 2>&1"
@@ -62,6 +64,7 @@ rule switch_bench_run:
     output:
         "results/evidence/switch-bench/run{i}.json",
     params:
+        lock=machine_lock("switch_bench_run", exclusive=True),
         shapes=lambda w: " ".join(config["evidence"]["switch_bench"]["shapes"]),
         switches=lambda w: config["evidence"]["switch_bench"]["switches"],
     log:
@@ -73,7 +76,7 @@ rule switch_bench_run:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "{LOCKED} {rule} --exclusive -- python -m workflow_src.bench.perturb --shapes {params.shapes} --variants words --sweep-numel 0"
+        "{params.lock} python -m workflow_src.bench.perturb --shapes {params.shapes} --variants words --sweep-numel 0"
         " --repeats {params.switches} --out {output} > {log} 2>&1"
 
 

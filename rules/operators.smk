@@ -12,6 +12,7 @@ rule operator_checks:
             labels={"candidate": "operators", "figure": "operator receipt"},
         ),
     params:
+        lock=machine_lock("operator_checks"),
         scale=config["operators"]["scale"],
         device=config["operators"]["device"],
     log:
@@ -22,6 +23,6 @@ rule operator_checks:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "{LOCKED} {rule} -- python -m workflow_src.bitwise.operator_receipt --scale {params.scale} --device {params.device}"
+        "{params.lock} python -m workflow_src.bitwise.operator_receipt --scale {params.scale} --device {params.device}"
         " --environment {input.environment}"
         " --out {output.json} --html {output.html} 2> {log}"

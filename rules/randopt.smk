@@ -23,6 +23,8 @@ rule randopt_base:
     output:
         json="results/randopt/{exp}/base.json",
         test="results/randopt/{exp}/base_test.parquet",
+    params:
+        lock=machine_lock("randopt_base"),
     log:
         "results/logs/randopt/{exp}/base.log",
     benchmark:
@@ -34,7 +36,7 @@ rule randopt_base:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        f"{LOCKED} {{rule}} -- {RANDOPT_PYTHON} -m workflow_src.randopt.base {RANDOPT_MODEL_ARGS}"
+        f"{{params.lock}} {RANDOPT_PYTHON} -m workflow_src.randopt.base {RANDOPT_MODEL_ARGS}"
         " --out-json {output.json} --out-test {output.test} 2> {log}"
 
 
@@ -46,6 +48,7 @@ rule randopt_population:
     wildcard_constraints:
         scatteritem=r"\d+-of-\d+",
     params:
+        lock=machine_lock("randopt_population"),
         shard=lambda w: int(w.scatteritem.split("-of-")[0]) - 1,
         shards=lambda w: int(w.scatteritem.split("-of-")[1]),
     log:
@@ -59,7 +62,7 @@ rule randopt_population:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        f"{LOCKED} {{rule}} -- {RANDOPT_PYTHON} -m workflow_src.randopt.population --shard {{params.shard}} --shards {{params.shards}}"
+        f"{{params.lock}} {RANDOPT_PYTHON} -m workflow_src.randopt.population --shard {{params.shard}} --shards {{params.shards}}"
         f" {RANDOPT_MODEL_ARGS} --out {{output}} 2> {{log}}"
 
 
@@ -87,6 +90,8 @@ rule randopt_topk_answers:
         **RANDOPT.model_inputs({"population": "results/randopt/{exp}/population.parquet"}),
     output:
         "results/randopt/{exp}/topk_test.parquet",
+    params:
+        lock=machine_lock("randopt_topk_answers"),
     log:
         "results/logs/randopt/{exp}/topk_answers.log",
     benchmark:
@@ -98,7 +103,7 @@ rule randopt_topk_answers:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        f"{LOCKED} {{rule}} -- {RANDOPT_PYTHON} -m workflow_src.randopt.topk_answers --population {{input.population}}"
+        f"{{params.lock}} {RANDOPT_PYTHON} -m workflow_src.randopt.topk_answers --population {{input.population}}"
         f" {RANDOPT_MODEL_ARGS} --out {{output}} 2> {{log}}"
 
 
@@ -148,6 +153,8 @@ rule randopt_probes:
                                 "heldout": "results/heldout_text/texts.jsonl"}),
     output:
         "results/randopt/{exp}/probes.parquet",
+    params:
+        lock=machine_lock("randopt_probes"),
     log:
         "results/logs/randopt/{exp}/probes.log",
     benchmark:
@@ -159,7 +166,7 @@ rule randopt_probes:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        f"{LOCKED} {{rule}} -- {RANDOPT_PYTHON} -m workflow_src.randopt.probes --population {{input.population}} --heldout {{input.heldout}}"
+        f"{{params.lock}} {RANDOPT_PYTHON} -m workflow_src.randopt.probes --population {{input.population}} --heldout {{input.heldout}}"
         f" {RANDOPT_MODEL_ARGS} --out {{output}} 2> {{log}}"
 
 
@@ -169,6 +176,8 @@ rule randopt_bpb:
                                 "heldout": "results/heldout_text/texts.jsonl"}),
     output:
         "results/randopt/{exp}/bpb.json",
+    params:
+        lock=machine_lock("randopt_bpb"),
     log:
         "results/logs/randopt/{exp}/bpb.log",
     benchmark:
@@ -180,7 +189,7 @@ rule randopt_bpb:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        f"{LOCKED} {{rule}} -- python -m workflow_src.randopt.bpb --population {{input.population}} --heldout {{input.heldout}}"
+        f"{{params.lock}} python -m workflow_src.randopt.bpb --population {{input.population}} --heldout {{input.heldout}}"
         f" {RANDOPT_MODEL_ARGS} --out {{output}} 2> {{log}}"
 
 

@@ -92,6 +92,7 @@ rule rl_gpu_busy:
     wildcard_constraints:
         side="baseline|optimized",
     params:
+        lock=machine_lock("rl_gpu_busy", exclusive=True),
         command=SPEEDUP.gpu_busy_command,
         run="results/speedup/{exp}/gpu_busy/{side}",
     log:
@@ -104,7 +105,7 @@ rule rl_gpu_busy:
         "../envs/speedproof.yaml"
     shell:
         "rm -rf {params.run} && mkdir -p {params.run} && export SPEEDPROOF_OUT={params.run}"
-        " && {LOCKED} {rule} --exclusive -- bash -o pipefail -c {params.command:q} > {log} 2>&1"
+        " && {params.lock} bash -o pipefail -c {params.command:q} > {log} 2>&1"
         " && python -m workflow_src.subjects.rl.gpu_busy --steps {params.run}/steps.jsonl --side {wildcards.side}"
         " --exp {wildcards.exp} --out {output} >> {log} 2>&1"
 
