@@ -10,7 +10,8 @@ from test_rl_subject import TASK
 
 from workflow_src.engine.perturber import Perturber
 from workflow_src.engine.seeded_weights import SeededWeights
-from workflow_src.engine.static import PopulationDecoder, StaticEngine
+from workflow_src.engine.population_decoder import PopulationDecoder
+from workflow_src.engine.static import StaticEngine
 from workflow_src.tasks import synthetic_arithmetic as task
 
 POPULATION = [(11, 0.03), (2**32 - 1, 0.03), (12345, -0.02)]

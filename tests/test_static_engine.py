@@ -132,7 +132,7 @@ def test_bad_input_is_refused(model_and_tokenizer):
 def test_torch_deterministic_mode_is_off_only_inside_the_step(model_and_tokenizer, prompts):
     """The RandOpt runtime turns torch's deterministic mode on; the decode step runs without it (its KV writes
     would go through a sort) and gives the same tokens; the mode, and its warn_only, come back as they were."""
-    from workflow_src.engine.static import torch_deterministic_mode_off
+    from workflow_src.engine.decoder import torch_deterministic_mode_off
     model, tok = model_and_tokenizer
     want = StaticEngine(model, tok, 4).generate(prompts[:4], 6)
     seen = []
@@ -351,7 +351,8 @@ def test_compacted_tail_gives_the_tokens_of_the_full_batch(model_and_tokenizer, 
     that many rows; on this model's CPU GEMMs a row's tokens do not depend on the row count, so the tokens equal
     those of the full batch, with and without overlap, at ragged lengths. The steps did shrink (a spy on the
     decoder)."""
-    from workflow_src.engine.static import SlotDecoder, row_counts
+    from workflow_src.engine.decoder import SlotDecoder
+    from workflow_src.engine.schedule import row_counts
     model, tok = model_and_tokenizer
     rows_seen: list[int] = []
     advance = SlotDecoder.advance
@@ -383,7 +384,7 @@ def test_compacted_tail_gives_the_tokens_of_the_full_batch(model_and_tokenizer, 
 def test_move_slots_moves_each_slot_whole(model_and_tokenizer):
     """A moved slot takes its keys, values, token, position, liveness and tokens left along; every other slot
     keeps its own (the step over the first rows then reads the moved ones)."""
-    from workflow_src.engine.static import SlotDecoder
+    from workflow_src.engine.decoder import SlotDecoder
     model, _ = model_and_tokenizer
     dec = SlotDecoder(model, 6, 16, graphs=False)
     g = torch.Generator().manual_seed(0)
@@ -408,7 +409,7 @@ def test_a_capture_warm_up_leaves_what_later_steps_read(model_and_tokenizer, pro
     values, below its position) and the decode state stay as they were, so the first replay reads what an eager
     step would. Slots whose sequences end at the first warm-up run are the case: `_advance` parks them at
     position 0, and a second run fed there would write over their prompts' first keys."""
-    from workflow_src.engine.static import SlotDecoder
+    from workflow_src.engine.decoder import SlotDecoder
     model, tok = model_and_tokenizer
     dec = SlotDecoder(model, 4, 64, graphs=False)
     encoded = [tok(p)["input_ids"] for p in prompts[:4]]

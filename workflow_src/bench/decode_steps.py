@@ -116,7 +116,7 @@ def timed_ms(fn, reps: int, cuda: bool) -> float:
 @torch.no_grad()
 def measure(model, tok, prompts: list[str], variants: list[str], new_tokens: int, reps: int, cuda: bool,
             profile_steps: int = 3, rows: Sequence[int] = ()) -> dict:
-    from workflow_src.engine.static import SlotDecoder
+    from workflow_src.engine.decoder import SlotDecoder
     encoded = tok(prompts)["input_ids"]
     slots = len(encoded)
     capacity = max(len(p) for p in encoded) + new_tokens

@@ -1,8 +1,8 @@
 """Engines: batched generation backends behind one calling convention (prompts in, completions out).
 
 docs/design.md §9 names three backends: `hf` (transformers `generate`, the reference; `engine/hf.py`),
-`static` (own static-KV, CUDA-graph engine; `engine/static.py`) and `vllm` (vLLM, perturbations applied
-inside its workers; `engine/vllm_engine.py`). `vllm` needs its own environment (`make vllm-env`); where
+`static` (own static-KV, CUDA-graph engine; `engine/static.py`, its decoder and slot schedule beside it) and
+`vllm` (vLLM, perturbations applied inside its workers; `engine/vllm_engine.py`). `vllm` needs its own environment (`make vllm-env`); where
 vllm is not importable, asking for it raises EngineNotBuilt instead of silently using hf.
 The interface and the throughput meter are in `engine/base.py`.
 """

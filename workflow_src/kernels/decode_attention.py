@@ -2,7 +2,7 @@
 
 Reference: `decode_attention_reference` (torch, fp32 softmax). Kernel: `decode_attention` (Triton).
 
-The static engine's decode step (engine/static.py) has, per slot, the query heads of one new token and a
+The static engine's decode step (engine/decoder.py) has, per slot, the query heads of one new token and a
 cache [slots, kv_heads, capacity, head_dim] filled up to that slot's position. Through SDPA it needs a
 boolean mask over a span of the cache and one CUDA graph per span, and cuDNN's kernel (a 64-row query tile
 for the 6-7 query heads that share a KV head) reads the cache at about a quarter of the memory bandwidth

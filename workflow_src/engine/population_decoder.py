@@ -1,0 +1,82 @@
+"""Several RandOpt seeds' rows in one decode step: a SlotDecoder whose slots each decode under the weights of
+their own seed, formed from the model's base weights inside each op (engine/seeded_weights.py)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+from workflow_src.engine.decoder import SlotDecoder
+from workflow_src.engine.seeded_weights import SeededLean, SeededWeights
+from workflow_src.kernels.seeded_linear import SeedRows, group_tables
+from workflow_src.model.lean_qwen2 import LeanQwen2
+
+
+class PopulationDecoder(SlotDecoder):
+    """A SlotDecoder over the rows of several RandOpt seeds, so one step reads the base weights for all of them
+    (docs/randopt.md, "Population decode"): each slot decodes with the weights of the seed whose prompt it was
+    given last (`admitted`), formed from the model's base weights inside each op (engine/seeded_weights.py). The
+    prompts of one seed admitted together prefill on their own, as the single-seed engine's would; a step runs
+    every slot's row together, one group per run of slots of one seed. No packed projections (the ops read each
+    parameter by its own address)."""
+
+    def __init__(self, model: PreTrainedModel, slots: int, seeds: Sequence[tuple[int, float]], prompts_per_seed: int,
+                 capacity: int, weights: SeededWeights, graphs: bool = False, **options):
+        """`seeds`: the population's (seed, σ); item i of the engine's queue is prompt i % prompts_per_seed under
+        seed i // prompts_per_seed. `graphs`: on a GPU with the triton backend, each step as a CUDA graph, one per
+        arrangement of the slots' seeds (the seeds and σ are part of what a graph replays: the embedding and
+        norms take them as values, the GEMM kernel from tables on the device); the reference backend
+        reconstructs each seed's weights in every call and runs eager."""
+        self.weights = weights
+        super().__init__(model, slots, capacity, graphs=graphs and weights.backend == "triton", packed=False,
+                         **options)
+        self.seeds, self.prompts_per_seed = list(seeds), prompts_per_seed
+        self.slot_seed = [0] * slots  # index into seeds of each slot's seed (its last one, once its sequence ended)
+        self._replayed_tables: list = []
+
+    def _make_lean(self, model: PreTrainedModel, slots: int, capacity: int, fused: bool) -> LeanQwen2:
+        return SeededLean(model, slots, capacity, self.weights)
+
+    def admitted(self, slots: list[int], items: list[int]) -> None:
+        for slot, item in zip(slots, items):
+            self.slot_seed[slot] = item // self.prompts_per_seed
+
+    def move_slots(self, src: list[int], dst: list[int], length: int | None = None) -> None:
+        """SlotDecoder's, and each moved row keeps its seed (a compacted tail's rows land in slots another seed
+        may have used last)."""
+        super().move_slots(src, dst, length)
+        for s, d in zip(src, dst):
+            self.slot_seed[d] = self.slot_seed[s]
+
+    def _graph_key(self, what: str, rows: int, span: int) -> tuple:
+        return (what, rows, span, tuple(self.slot_seed[:rows]))
+
+    def _capture(self, fn, span: int, rows: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        graph, out = super()._capture(fn, span, rows)
+        # the GEMM kernel's tables of the step's groups, which the graph reads where they lie: kept while it lives
+        self._replayed_tables.append(group_tables(self.lean.groups, self.tokens.device))
+        return graph, out
+
+    def _groups(self, slots: Sequence[int]) -> list[SeedRows]:
+        """One group per run of consecutive rows (the given slots, in order) whose slots decode one seed."""
+        groups, row = [], 0
+        for b, run in itertools.groupby(slots, key=lambda slot: self.slot_seed[slot]):
+            n = len(list(run))
+            groups.append(SeedRows(row, n, *self.seeds[b]))
+            row += n
+        return groups
+
+    @torch.no_grad()
+    def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
+        out = []
+        for g in self._groups(slots):
+            self.lean.groups = [SeedRows(0, g.rows, g.seed, g.sigma)]
+            out.append(super().prefill(prompts[g.row0:g.row0 + g.rows], slots[g.row0:g.row0 + g.rows]))
+        return torch.cat(out)
+
+    def _step_ops(self, span: int, rows: int) -> torch.Tensor:
+        self.lean.groups = self._groups(range(rows))
+        return super()._step_ops(span, rows)
