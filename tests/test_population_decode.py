@@ -9,8 +9,8 @@ import torch
 from test_rl_subject import TASK
 
 from workflow_src.engine.perturber import Perturber
-from workflow_src.engine.seeded_weights import SeededWeights
 from workflow_src.engine.population_decoder import PopulationDecoder
+from workflow_src.engine.seeded_weights import SeededWeights
 from workflow_src.engine.static import StaticEngine
 from workflow_src.tasks import synthetic_arithmetic as task
 

@@ -14,7 +14,10 @@ from workflow_src.config_schema import ConfigError
 from workflow_src.config_schema import problems as schema_violations
 from workflow_src.jobs.external import side_command, uses_external
 from workflow_src.provenance.code import SIDES, CodeError, identify
+from workflow_src.randopt.select import ratio_k
+from workflow_src.randopt.settings import population_problems
 from workflow_src.speedup.plan import steps_per_launch
+from workflow_src.subjects.rl.settings import IMPLEMENTATION_SETTINGS, RLSettings
 
 
 def schema_problems(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
@@ -25,7 +28,6 @@ def schema_problems(config: dict[str, Any], schema: dict[str, Any]) -> list[str]
 def speedup_problems(config: dict[str, Any], schema: dict[str, Any] | None = None) -> list[str]:
     """Each comparison's subject can run, its reward services exist, its rl settings are rl settings (of the
     rl schema's types, given the schema), and its two sides do the same work."""
-    from workflow_src.subjects.rl.settings import IMPLEMENTATION_SETTINGS, RLSettings
 
     rl_schema = (schema or {}).get("properties", {}).get("rl")
 
@@ -77,8 +79,6 @@ def speedup_problems(config: dict[str, Any], schema: dict[str, Any] | None = Non
 def randopt_problems(config: dict[str, Any]) -> list[str]:
     """The vote's Ks fit the population, the headline K is one of the sweep's, and the seeds, their σ and the
     noise scheme agree (randopt.settings.population_problems)."""
-    from workflow_src.randopt.select import ratio_k
-    from workflow_src.randopt.settings import population_problems
     randopt = config["randopt"]
     n = randopt["population"]
     problems = population_problems(randopt)

@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from workflow_src.bench.timing import graph_timed_ms
 from workflow_src.kernels.decode_attention import Launch, decode_attention, decode_attention_reference
 from workflow_src.model.shapes import SHORT_NAMES, architecture
 
@@ -43,7 +44,6 @@ def layout(shape: str, tiny: bool) -> dict:
 
 def timed(fn, repeats: int, cuda: bool) -> float:
     if cuda:
-        from workflow_src.bench.timing import graph_timed_ms
         return graph_timed_ms(fn, repeats)
     fn()
     t0 = time.perf_counter()

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 import torch
 
 from workflow_src.bench.engine import SHAPES, random_model, random_prompts
+from workflow_src.engine.decoder import SlotDecoder
 
 VARIANTS = ("plain", "fused", "packed", "fused+packed", "fused+packed+triton")
 PARTS = ("plain", "fused", "packed", "triton")
@@ -116,7 +117,6 @@ def timed_ms(fn, reps: int, cuda: bool) -> float:
 @torch.no_grad()
 def measure(model, tok, prompts: list[str], variants: list[str], new_tokens: int, reps: int, cuda: bool,
             profile_steps: int = 3, rows: Sequence[int] = ()) -> dict:
-    from workflow_src.engine.decoder import SlotDecoder
     encoded = tok(prompts)["input_ids"]
     slots = len(encoded)
     capacity = max(len(p) for p in encoded) + new_tokens

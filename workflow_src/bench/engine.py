@@ -60,12 +60,18 @@ from workflow_src.bench.roofline import ceilings, floor, generation_work, ragged
 from workflow_src.checkpoints.random_init import tensor_seed
 from workflow_src.checkpoints.tokenizer import build_tokenizer
 from workflow_src.engine import ThroughputMeter, make_engine, memory
+from workflow_src.engine.attention import attention_backend
 from workflow_src.engine.length_model import LengthModelError, parse
+from workflow_src.engine.perturber import Perturber
+from workflow_src.engine.seeded_weights import SeededWeights
+from workflow_src.engine.static import StaticEngine
 from workflow_src.kernels.decode_attention import Launch
 from workflow_src.kernels.seeded_linear import DEFAULT_LAUNCH as DEFAULT_SEEDED_LAUNCH
-from workflow_src.kernels.seeded_linear import SeededLaunch
+from workflow_src.kernels.seeded_linear import SeededLaunch, SeedRows, seeded_linear
 from workflow_src.model.shapes import SHORT_NAMES, architecture
+from workflow_src.noise.speedproof import population_seeds
 from workflow_src.tasks import synthetic_arithmetic as task
+from workflow_src.tasks.registry import get_task
 
 SHAPES = SHORT_NAMES
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -136,7 +142,6 @@ def bench_engine(label: str, model, tok, batch: int, meter: ThroughputMeter, see
     """An engine by name, or `static:key=value,...`: the static engine with those options (static_options).
     `seeds_per_step` > 1: the static engine's population decode, `batch` slots for each seed."""
     if label.startswith("static:") or (seeds_per_step > 1 and label == "static"):
-        from workflow_src.engine.static import StaticEngine
         options = static_options(label) if ":" in label else {}
         return StaticEngine(model, tok, batch * seeds_per_step, meter=meter, seeds_per_step=seeds_per_step, **options)
     if seeds_per_step > 1:
@@ -230,7 +235,6 @@ def main(argv: list[str] | None = None) -> None:
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     prompts = random_prompts(args.prompts, args.prompt_chars)
     lengths = length_model.draw(len(prompts), 0) if length_model else None
-    from workflow_src.engine.attention import attention_backend
     doc = {"format": "speedproof.engine-bench/1", "device": args.device, "torch": torch.__version__,
            "attention": attention_backend(),
            "device_name": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor(),
@@ -292,7 +296,6 @@ def profile_static(model, tok, a, prompts, sync, top: int = 25) -> dict:
     GPU, host time on the CPU), with call counts."""
     from torch.profiler import ProfilerActivity, profile
 
-    from workflow_src.engine.static import StaticEngine
     engine = StaticEngine(model, tok, a.batch, meter=ThroughputMeter(sync=sync), graphs=False)
     batch = prompts[: a.batch]
     engine.generate(batch, a.profile)  # warm-up
@@ -329,9 +332,6 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
     synthetic task's grader; random text is never right, but the work is done). The roofline floor of each
     seed's generation (the switch and grading not counted) gives the floor's seeds/s and each repeat's share of
     it (after the first seed, which also captures the new engine's graphs)."""
-    from workflow_src.engine.perturber import Perturber
-    from workflow_src.noise.speedproof import population_seeds
-    from workflow_src.tasks.registry import get_task
     grader = get_task("synthetic_arithmetic")
     seeds = population_seeds(0, args.seeds)
     draws = {s: length_model.draw(len(prompts), s) if length_model else None for s in seeds}
@@ -370,7 +370,6 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
                     return [engine.generate(prompts, args.new_tokens, lengths=draws[chunk[0]])]
                 label, scheme = name, perturber.scheme
             else:
-                from workflow_src.engine.seeded_weights import SeededWeights
                 weights = SeededWeights(model, scheme="speedproof-v2",
                                         backend="triton" if args.device == "cuda" else "reference",
                                         launch=SeededLaunch.parse(args.seeded_launch))
@@ -430,8 +429,6 @@ def single_seed_reference(model, tok, name, args, prompts, draws, seeds, weights
     in each linear of the first layer (and lm_head) equal those bit for bit: x = the identity through
     `seeded_linear` gives W_sᵀ exactly (one product 1·w per sum), so a difference there is the weights', and a
     token difference with equal weights comes from the order of sums."""
-    from workflow_src.engine.perturber import Perturber
-    from workflow_src.kernels.seeded_linear import SeedRows, seeded_linear
     engine = bench_engine(name, model, tok, args.batch, ThroughputMeter(sync=sync))
     perturber = Perturber(model, scheme=weights.scheme)
     offsets = {n: offset for n, offset, _ in perturber.layout}

@@ -32,6 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
+from workflow_src.provenance.atomic import atomic_write_json, atomic_write_text
+from workflow_src.provenance.hashing import sha256_file
+from workflow_src.provenance.stamp import provenance
+from workflow_src.report.tables import html_table
+
 FORMAT = "speedproof.bitwise-comparison/1"
 FINAL = "final"
 RANK_FILE = re.compile(r"rank(0|[1-9][0-9]*)\.jsonl")
@@ -424,7 +429,6 @@ def matrix_table(doc: dict[str, Any]) -> tuple[list[str], list[list[str]], list[
 
 
 def html_page(doc: dict[str, Any]) -> str:
-    from workflow_src.report.tables import html_table
     v = doc["verdict"]
     label = doc.get("label") or "bitwise comparison"
     header, texts, classes = matrix_table(doc)
@@ -491,8 +495,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"bitwise {label}: refused: {e}", file=sys.stderr)
         raise SystemExit(1) from None
 
-    from workflow_src.provenance.hashing import sha256_file
-    from workflow_src.provenance.stamp import provenance
     doc = {"format": FORMAT, "label": label, **result}
     doc["verdict"] = verdict(doc, args.expect)
     doc["inputs"] = {side: {f"rank{r}.jsonl": sha256_file(p) for r, p in sorted(run.files.items())}
@@ -503,7 +505,6 @@ def main(argv: list[str] | None = None) -> None:
                    for side, run in (("reference", reference), ("candidate", candidate))
                    if (run.directory / "code.json").is_file()} or None
 
-    from workflow_src.provenance.atomic import atomic_write_json, atomic_write_text
     atomic_write_text(args.out_csv, csv_text(doc))
     atomic_write_text(args.out_html, html_page(doc))
     atomic_write_json(args.out_json, doc)

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from workflow_src.checkpoints import CheckpointError
+from workflow_src.checkpoints import CheckpointError, hub, local
 from workflow_src.checkpoints.manifest import write_manifest
 from workflow_src.config_schema import ConfigError, resolve
 from workflow_src.provenance.atomic import atomic_directory
@@ -37,12 +37,10 @@ def build_checkpoint(name: str, source: str, spec: dict, task: dict | None, out:
             build(spec, task, staging, progress=progress)
             identity = {"random": spec, "task": task}
         elif source == "hf":
-            from workflow_src.checkpoints.hub import fetch
-            fetch(spec, staging)
+            hub.fetch(spec, staging)
             identity = {k: spec[k] for k in ("repo_id", "revision", "allow_patterns")}
         elif source == "local":
-            from workflow_src.checkpoints.local import fetch
-            fetch(spec, staging)
+            local.fetch(spec, staging)
             identity = {"path": str(spec["path"])}
         else:
             raise CheckpointError(f"checkpoint.source: unknown source {source!r}")

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from workflow_src.provenance.atomic import atomic_write_json
 from workflow_src.provenance.checkpoint_files import FORMAT, MANIFEST_NAME, CheckpointError
 from workflow_src.provenance.hashing import hash_tree, sha256_json
 
@@ -66,7 +67,6 @@ def check_safetensors_headers(directory: Path, files: dict[str, Any], where: str
 def write_manifest(directory: Path, model: str, source: str, source_spec: dict[str, Any],
                    expected_manifest: str | Path | None = None) -> dict[str, Any]:
     """Hash `directory`, verify it against `expected_manifest` if given, and write MANIFEST.json into it."""
-    from workflow_src.provenance.atomic import atomic_write_json
 
     files = hash_tree(directory, exclude=(MANIFEST_NAME,))
     refuse_pickles(files, f"checkpoint {model!r}")

@@ -37,6 +37,7 @@ import torch
 
 from workflow_src.noise import schemes
 from workflow_src.noise import speedproof as noise
+from workflow_src.provenance.hashing import sha256_json
 
 SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
 BACKENDS = ("auto", "triton", "reference")
@@ -154,5 +155,4 @@ class Perturber(LaidOut):
 
 
 def layout_names_sha256(layout) -> str:
-    from workflow_src.provenance.hashing import sha256_json
     return sha256_json([[n, o, k] for n, o, k in layout])

@@ -23,6 +23,10 @@ from pathlib import Path
 
 import torch
 
+from workflow_src.engine.perturber import matches_any
+from workflow_src.noise import schemes
+from workflow_src.noise import speedproof as noise
+
 
 def checkpoint_tensors(directory: str | Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors by transformers name, in `dtype`, without the output projection of a
@@ -42,7 +46,6 @@ def checkpoint_tensors(directory: str | Path, dtype: torch.dtype) -> dict[str, t
 
 def select_names(names, include, exclude) -> list[str]:
     """`Perturber`'s rule on names: matches an include pattern and no exclude pattern."""
-    from workflow_src.engine.perturber import matches_any
     return sorted(n for n in names if matches_any([n], include) and not matches_any([n], exclude))
 
 
@@ -50,7 +53,6 @@ class PerturbationExtension:
     """Mixed into vLLM's worker class (`worker_extension_cls`); `self` is the worker."""
 
     def speedproof_perturb_setup(self, include: list[str], exclude: list[str], scheme: str = "speedproof") -> dict:
-        from workflow_src.noise import schemes
         runner = self.model_runner
         params = list(runner.model.parameters())
         tensors = checkpoint_tensors(runner.model_config.model, params[0].dtype)
@@ -69,7 +71,6 @@ class PerturbationExtension:
 
     @torch.no_grad()
     def speedproof_perturb(self, seed: int, sigma: float) -> None:
-        from workflow_src.noise import speedproof as noise
         noise.check_seed(seed)
         replaced = {}
         for name, offset, _ in self._speedproof_layout:

@@ -32,6 +32,7 @@ except ImportError:  # pragma: no cover - the receipt then reports these cases a
 from workflow_src.kernels.common import DTYPES, Case
 from workflow_src.kernels.triton_common import jit_in_mode, resolve_interpret
 from workflow_src.noise import speedproof as noise
+from workflow_src.noise.schemes import signs_function
 
 # The launch the Perturber's graph uses: the fastest of bench/perturb.py's sweep of the `words` variant on the
 # H200, within a few per cent of 1024/2 and 4096/4 (docs/experiments.md, Per-tensor launches of the word
@@ -576,7 +577,6 @@ def cases(scale: str, device: str) -> list[Case]:
                                     "sigma": sigma, "seed": seed, "block": block}, run))
     # The other schemes (noise/schemes.py): the element kernel with the scheme's SCHEME code against the same
     # reference with that scheme's signs (offsets on and off a 32-element word boundary).
-    from workflow_src.noise.schemes import signs_function
     for scheme in ("flashopt", "speedproof-v2"):
         for i, (shape, d, offset) in enumerate(itertools.product(shapes[-2:], DTYPES, (0, 2**32 - 100))):
             seed, block = seeds[i % len(seeds)], blocks[i % len(blocks)]

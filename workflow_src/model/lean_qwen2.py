@@ -26,6 +26,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from workflow_src.kernels.rmsnorm import add_rms_norm, add_rms_norm_fused, rms_norm, rms_norm_fused
 from workflow_src.kernels.rope import apply_rope, apply_rope_fused, rope_table
 from workflow_src.kernels.swiglu import swiglu_mlp, swiglu_mlp_fused
+from workflow_src.model.decode_graphs import DecodeGraphs
 
 
 @dataclass
@@ -87,7 +88,6 @@ class LeanQwen2:
         as the reference (which prefills every row) computes them.
         """
         if self.graphs and ids.shape[1] == 1 and expand_last == 1:
-            from workflow_src.model.decode_graphs import DecodeGraphs
             rows = ids.shape[0]
             if rows not in self._decode_graphs:
                 self._decode_graphs[rows] = DecodeGraphs(self, rows)

@@ -23,9 +23,11 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from workflow_src.config_schema import resolve
 from workflow_src.provenance.atomic import atomic_write_json
 from workflow_src.provenance.gitinfo import git_state
 from workflow_src.provenance.hashing import sha256_json
+from workflow_src.provenance.stamp import load_config_section
 
 VARIABLE_NAMES = ("CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
                   "PYTHONHASHSEED", "TRITON_INTERPRET")
@@ -184,8 +186,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
 
-    from workflow_src.config_schema import resolve
-    from workflow_src.provenance.stamp import load_config_section
     cfg = resolve("environment", load_config_section(args.config_section)["value"])
     fp = fingerprint(cfg["pins"])
     bad = [r for r in fp["pins"] if not r["ok"]]

@@ -18,17 +18,16 @@ import sys
 
 import pandas as pd
 
-from workflow_src.randopt.population import ANSWER_COLUMNS
+from workflow_src.progress import progress_bar
+from workflow_src.provenance.atomic import atomic_write_json
+from workflow_src.randopt import runtime
+from workflow_src.randopt.population import ANSWER_COLUMNS, answer_rows
+from workflow_src.tasks.registry import get_task
 
 BASE_TEST_FORMAT = "speedproof.randopt.base-test/1"
 
 
 def main(argv: list[str] | None = None) -> None:
-    from workflow_src.progress import progress_bar
-    from workflow_src.provenance.atomic import atomic_write_json
-    from workflow_src.randopt import runtime
-    from workflow_src.randopt.population import answer_rows
-    from workflow_src.tasks.registry import get_task
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-json", required=True)

@@ -46,6 +46,12 @@ from typing import Any
 
 import torch
 
+from workflow_src.progress import progress_bar
+from workflow_src.provenance.atomic import atomic_write_json
+from workflow_src.provenance.hashing import sha256_file
+from workflow_src.randopt import runtime
+from workflow_src.randopt.select import rank_population, resolve_ks
+
 LN2 = math.log(2.0)
 ROW_BLOCK = 512  # positions per float64 log-softmax block (bounds the float64 copy to ROW_BLOCK × vocab)
 
@@ -216,7 +222,6 @@ def ensemble_bpb(model, perturber, members: Sequence[tuple[int, float]], chunks:
 
 
 def default_k(settings, n: int) -> int:
-    from workflow_src.randopt.select import resolve_ks
     k = settings.bpb["k"] or max(resolve_ks(n, settings.ks, settings.k_ratios, settings.k_ratio_rounding))
     return min(k, n)
 
@@ -224,10 +229,6 @@ def default_k(settings, n: int) -> int:
 # -- CLI ------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> None:
-    from workflow_src.progress import progress_bar
-    from workflow_src.provenance.atomic import atomic_write_json
-    from workflow_src.randopt import runtime
-    from workflow_src.randopt.select import rank_population
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--heldout", required=True, help="JSON lines of held-out texts")
@@ -273,7 +274,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _sha(path) -> str:
-    from workflow_src.provenance.hashing import sha256_file
     return sha256_file(path)
 
 

@@ -24,6 +24,7 @@ import pandas as pd
 
 from workflow_src.randopt.artifacts import ArtifactError, read_json, read_table
 from workflow_src.randopt.select import rank_population
+from workflow_src.report.plotting import plt, save_png
 
 # no orange (the base lines) and no green (the ensemble line)
 SIGMA_COLORS = ("tab:blue", "tab:purple", "tab:red", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
@@ -37,7 +38,6 @@ def plot_rewards(population: pd.DataFrame, base: Mapping[str, Any], title: str =
                  stats: Mapping[str, Any] | None = None):
     """Train reward per σ: box plot plus every seed as a point (deterministic jitter), the base train reward
     as a horizontal line, the mean as a diamond, n and the share above base under each σ."""
-    from workflow_src.report.plotting import plt
     base_reward = float(base["train"]["reward_mean"])
     sigmas = sorted(float(s) for s in population["sigma"].unique())
     groups = [population.loc[population["sigma"] == s, "train_reward"].to_numpy(dtype=float) for s in sigmas]
@@ -76,7 +76,6 @@ def plot_ksweep(vote: Mapping[str, Any], title: str = ""):
     """Ensemble accuracy vs K with the base accuracy as a line. Error bars: base accuracy + the paired
     bootstrap CI of (ensemble − base); a hollow marker is a difference within noise (the bar crosses the
     base line, or the exact McNemar test does not reject equality)."""
-    from workflow_src.report.plotting import plt
     rows = vote["sweep"]
     ks = [r["k"] for r in rows]
     acc = np.array([r["accuracy"] for r in rows])
@@ -109,7 +108,6 @@ def plot_probes(probes: pd.DataFrame, base: Mapping[str, Any], vote: Mapping[str
                 title: str = ""):
     """Each probed seed (evaluated alone): train reward vs test accuracy, labelled by rank; base train reward
     and base test accuracy as lines, and the headline ensemble accuracy where the vote is given."""
-    from workflow_src.report.plotting import plt
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     base_train = float(base["train"]["reward_mean"])
     base_test = float(base["test"]["accuracy"])
@@ -137,7 +135,6 @@ def plot_probes(probes: pd.DataFrame, base: Mapping[str, Any], vote: Mapping[str
 def plot_bpb(bpb: Mapping[str, Any], probes: pd.DataFrame | None = None, title: str = ""):
     """Held-out bits-per-byte: base vs ensemble bars (lower is better), and each probed seed alone where
     probes carry a bpb. Values are written on the bars (the differences are often in the third decimal)."""
-    from workflow_src.report.plotting import plt
     base_bpb = bpb["base"]["bpb"]
     ens = bpb.get("ensemble") or {}
     labels, values, colors = ["base"], [base_bpb], ["tab:orange"]
@@ -178,7 +175,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out-probes")
     parser.add_argument("--out-bpb")
     args = parser.parse_args(argv)
-    from workflow_src.report.plotting import save_png
 
     def need(**kw):
         missing = [f"--{k}" for k, v in kw.items() if v is None]

@@ -43,6 +43,10 @@ from typing import Any
 import pandas as pd
 
 from workflow_src.noise import schemes
+from workflow_src.progress import progress_bar
+from workflow_src.randopt import runtime
+from workflow_src.randopt.settings import SettingsError
+from workflow_src.tasks.registry import get_task
 
 SHARD_COLUMNS = {"position": "int64", "seed": "int64", "sigma": "float64", "sigma_index": "int64",
                  "train_reward": "float64", "train_correct": "int64", "train_prompts": "int64",
@@ -131,10 +135,6 @@ def evaluate_seeds(rt, task, problems: list, rows: pd.DataFrame, max_new_tokens:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from workflow_src.progress import progress_bar
-    from workflow_src.randopt import runtime
-    from workflow_src.randopt.settings import SettingsError
-    from workflow_src.tasks.registry import get_task
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shard", type=int, required=True)

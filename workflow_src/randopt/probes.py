@@ -18,17 +18,18 @@ import sys
 
 import pandas as pd
 
+from workflow_src.progress import progress_bar
+from workflow_src.randopt import bpb as bpb_mod
+from workflow_src.randopt import runtime
+from workflow_src.randopt.select import rank_population
+from workflow_src.tasks.registry import get_task
+
 PROBE_COLUMNS = {"rank": "int64", "position": "int64", "seed": "int64", "sigma": "float64", "train_reward": "float64",
                  "test_accuracy": "float64", "test_correct": "int64", "bpb": "float64"}
 PROBES_FORMAT = "speedproof.randopt.probes/1"
 
 
 def main(argv: list[str] | None = None) -> None:
-    from workflow_src.progress import progress_bar
-    from workflow_src.randopt import bpb as bpb_mod
-    from workflow_src.randopt import runtime
-    from workflow_src.randopt.select import rank_population
-    from workflow_src.tasks.registry import get_task
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--population", required=True)

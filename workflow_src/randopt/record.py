@@ -53,6 +53,7 @@ from workflow_src.randopt.artifacts import (
     read_table,
 )
 from workflow_src.randopt.select import rank_population
+from workflow_src.report.tables import html_table
 
 FORMAT = "speedproof.randopt-record/1"
 
@@ -477,7 +478,6 @@ def append_record(rec: Mapping[str, Any], records_md: str | Path, records_csv: s
 
 
 def html_page(rec: Mapping[str, Any]) -> str:
-    from workflow_src.report.tables import html_table
     row = {k: cell_text(v) for k, v in record_row(rec).items()}
     cells = md_cells(row)
     items = list(zip(MD_HEADER, cells))

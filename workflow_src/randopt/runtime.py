@@ -24,11 +24,15 @@ from typing import Any
 import pandas as pd
 
 from workflow_src.config_schema import ConfigError, resolve
+from workflow_src.engine import ThroughputMeter, make_engine
+from workflow_src.engine.attention import attention_backend
+from workflow_src.engine.length_model import parse
 from workflow_src.provenance.atomic import atomic_write_bytes
 from workflow_src.provenance.hashing import sha256_file, sha256_json
 from workflow_src.provenance.stamp import load_config_section, provenance
 from workflow_src.randopt.settings import RandOptSettings, SettingsError
 from workflow_src.tasks.prompt_format import FORMATS, format_prompts, resolved_format
+from workflow_src.tasks.registry import get_task
 
 META_KEY = b"speedproof"
 MANIFEST_NAME = "MANIFEST.json"
@@ -125,7 +129,6 @@ def cli_splits(cfg: Config, prog: str) -> dict[str, list]:
 
 def load_splits(cfg: Config) -> dict[str, list]:
     """The task's splits with train/test cut to train_prompts/test_prompts (first n problems)."""
-    from workflow_src.tasks.registry import get_task
     try:
         splits = dict(get_task(cfg.task_name).load(cfg.task_spec))
     except ValueError as e:  # unknown task or a task spec it cannot honour
@@ -190,7 +193,6 @@ class Runtime:
         import torch
         import transformers
 
-        from workflow_src.engine.attention import attention_backend
         # The generating jobs may run in another environment than the workflow's (vllm's own), whose
         # packages results/env/environment.json does not describe: each artifact names its own.
         versions = {"torch": torch.__version__, "transformers": transformers.__version__}
@@ -208,7 +210,6 @@ class Runtime:
 
 @functools.cache
 def _length_model(spec: str, max_new_tokens: int):
-    from workflow_src.engine.length_model import parse
     return parse(spec, max_new_tokens, "randopt.lengths")
 
 
@@ -217,7 +218,6 @@ def load_runtime(cfg: Config, engine: bool = True, perturber: bool = True, progr
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workflow_src.engine import ThroughputMeter, make_engine
 
     s = cfg.settings
     started_at = time.time()

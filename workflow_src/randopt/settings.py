@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workflow_src.config_schema import ConfigError, resolve
+from workflow_src.engine.length_model import LengthModelError, parse
 from workflow_src.provenance.hashing import sha256_json
 
 # The keys that decide the population's rows (seeds, σ, rewards, tokens); see population_sha256.
@@ -39,7 +40,6 @@ def population_problems(randopt: dict[str, Any]) -> list[str]:
         problems.append("randopt.assignment: flashopt draws σ with the speedrun's seeds: it needs "
                         "randopt.noise.scheme flashopt and no randopt.seeds")
     if randopt["lengths"] is not None:
-        from workflow_src.engine.length_model import LengthModelError, parse
         try:
             parse(randopt["lengths"], randopt["max_new_tokens"], "randopt.lengths")
         except LengthModelError as e:

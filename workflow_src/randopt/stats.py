@@ -26,6 +26,7 @@ from workflow_src.provenance.atomic import atomic_write_json, atomic_write_text
 from workflow_src.provenance.stamp import provenance
 from workflow_src.randopt.artifacts import ArtifactError, clean, csv_text, input_hashes, read_json, read_table
 from workflow_src.randopt.select import rank_population
+from workflow_src.report.tables import html_table
 
 FORMAT = "speedproof.randopt-sigma-stats/1"
 POPULATION_COLUMNS = ("position", "seed", "sigma", "sigma_index", "train_reward")
@@ -106,7 +107,6 @@ def compute(population: pd.DataFrame, base: dict[str, Any]) -> dict[str, Any]:
 
 
 def html_page(doc: dict[str, Any]) -> str:
-    from workflow_src.report.tables import html_table
     header = ["σ", "n", "mean reward", "sd", "mean − base", "above base", "best seed (reward)"]
     rows = [[f"{r['sigma']:g}", r["n"], f"{r['mean']:.4f}", "—" if r["sd"] is None else f"{r['sd']:.4f}",
              f"{r['mean_minus_base']:+.4f}", f"{r['n_above_base']}/{r['n']} ({100 * r['share_above_base']:.1f}%)",

@@ -19,17 +19,18 @@ import sys
 
 import pandas as pd
 
+from workflow_src.progress import progress_bar
+from workflow_src.randopt import runtime
+from workflow_src.randopt.population import answer_rows
+from workflow_src.randopt.select import rank_population, resolve_ks
+from workflow_src.tasks.registry import get_task
+
 TOPK_COLUMNS = {"rank": "int64", "position": "int64", "seed": "int64", "sigma": "float64", "train_reward": "float64",
                 "index": "int64", "problem_id": "str", "extracted": "str|null", "correct": "int8"}
 TOPK_FORMAT = "speedproof.randopt.topk-test/1"
 
 
 def main(argv: list[str] | None = None) -> None:
-    from workflow_src.progress import progress_bar
-    from workflow_src.randopt import runtime
-    from workflow_src.randopt.population import answer_rows
-    from workflow_src.randopt.select import rank_population, resolve_ks
-    from workflow_src.tasks.registry import get_task
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--population", required=True)

@@ -50,6 +50,8 @@ from workflow_src.provenance.atomic import atomic_write_bytes, atomic_write_json
 from workflow_src.provenance.stamp import load_config_section, provenance
 from workflow_src.randopt.artifacts import ArtifactError, answer_or_none, clean, csv_text, input_hashes, read_table
 from workflow_src.randopt.select import rank_population, resolve_ks
+from workflow_src.report.tables import html_table
+from workflow_src.tasks.registry import get_task
 
 FORMAT = "speedproof.randopt-vote/1"
 SWEEP_FIELDS = ("k", "accuracy", "correct", "n", "base_accuracy", "base_correct", "delta", "ci_low", "ci_high",
@@ -202,7 +204,6 @@ BASE_COLUMNS = ("index", "problem_id", "extracted", "correct")
 
 
 def gold_answers(task_name: str, task_spec: dict[str, Any]) -> tuple[list[str], list[str], Equivalent]:
-    from workflow_src.tasks.registry import get_task
     task = get_task(task_name)
     test = task.load(task_spec)["test"]
     return [p.id for p in test], [p.answer for p in test], task.equivalent
@@ -354,7 +355,6 @@ def compute(task_name: str, task_spec: dict[str, Any], population: pd.DataFrame,
 
 
 def html_page(doc: dict[str, Any]) -> str:
-    from workflow_src.report.tables import html_table
     level = 100 * doc["bootstrap"]["level"]
     header = ["K", "ensemble accuracy", "base accuracy", "Δ (pp)", f"{level:g}% CI of Δ (pp)", "within noise",
               "only ensemble / only base", "McNemar p"]

@@ -33,6 +33,7 @@ from workflow_src.config_schema import defaults
 from workflow_src.provenance.atomic import atomic_write_json, atomic_write_text
 from workflow_src.provenance.hashing import sha256_file
 from workflow_src.provenance.stamp import provenance
+from workflow_src.report.tables import html_table
 from workflow_src.speedup import LAUNCHES, MODES, PREDECESSOR, launch_name, parse_launch_name
 from workflow_src.speedup.launch import META_FILE, finished_launch, not_later, same_clock
 from workflow_src.speedup.plan import SIDE
@@ -288,7 +289,6 @@ def bitwise_verdict(path: Path | None, switches: list[str], summary: Path | None
 
 
 def html_page(doc: dict[str, Any]) -> str:
-    from workflow_src.report.tables import html_table
     h = doc["headline"]
     rows = window_rows(doc)
     several = len(rows) > 1

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from workflow_src.model.shapes import architecture
+
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -40,7 +42,6 @@ class Scorer:
         from transformers import Qwen2Config
 
         from workflow_src.checkpoints.random_init import random_model
-        from workflow_src.model.shapes import architecture
         if spec["device"] == "cuda":
             if not torch.cuda.is_available():
                 raise RuntimeError("reward.scorer.device is cuda but the reward service's worker sees no GPU")

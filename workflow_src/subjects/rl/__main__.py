@@ -24,9 +24,12 @@ import os
 import sys
 from pathlib import Path
 
+from workflow_src.bitwise.records_writer import RecordWriter
 from workflow_src.config_schema import ConfigError, resolve
 from workflow_src.progress import progress_bar
+from workflow_src.provenance.hashing import sha256_file, sha256_json
 from workflow_src.provenance.stamp import load_config_section
+from workflow_src.subjects.reward.client import RewardClient, RewardServiceError
 from workflow_src.subjects.reward.serve import URL_VARIABLE
 from workflow_src.subjects.rl.settings import GPU_ONLY, SWITCHES, RLSettings, SettingsError, parse_switches
 
@@ -39,7 +42,6 @@ def make_rewards(url: str | None, reward_section: str | None, overlap: bool, tas
             raise SystemExit("rl: reward.kind model scores completions in the reward service, and no service URL "
                              f"was given (${URL_VARIABLE} or --reward-url); nothing was recorded")
         return None
-    from workflow_src.subjects.reward.client import RewardClient, RewardServiceError
     client = section["client"]
     rewards = RewardClient(url, timeout_s=client["timeout_s"], retries=client["retries"],
                            backoff_s=client["backoff_s"], max_batch=client["max_batch"], overlap=overlap, task=task)
@@ -53,7 +55,6 @@ def make_rewards(url: str | None, reward_section: str | None, overlap: bool, tas
 
 def run_identity(rl_cfg: dict, task_spec: dict, manifest: str | None) -> dict:
     """What decides the numbers of a run, apart from the switches: runs compare only when it agrees."""
-    from workflow_src.provenance.hashing import sha256_file, sha256_json
     settings = {k: v for k, v in rl_cfg.items() if k not in ("switches", "nproc", "nnodes")}
     return {"config_sha256": sha256_json(settings), "task_sha256": sha256_json(task_spec),
             "checkpoint_manifest_sha256": sha256_file(manifest) if manifest else None,
@@ -63,7 +64,6 @@ def run_identity(rl_cfg: dict, task_spec: dict, manifest: str | None) -> dict:
 def write_rank_records(path: Path, impl: str, switches, rank: int, world: int, steps: int, identity: dict,
                        records: list[dict], final: dict) -> None:
     # Through the writer external subjects use, so the built-in subject is held to the same contract.
-    from workflow_src.bitwise.records_writer import RecordWriter
     writer = RecordWriter(path.parent, impl=impl, identity=identity, steps=steps, rank=rank, world=world,
                           switches=switches)
     if writer.path != path:
@@ -162,7 +162,6 @@ def main(argv: list[str] | None = None) -> None:
             append_step(steps_log, rec, trainer, dist)
             bar.set_postfix(s=f"{rec['seconds']:.3f}", reward=f"{rec['stats']['reward_mean']:.2f}")
     except RuntimeError as e:
-        from workflow_src.subjects.reward.client import RewardServiceError
         if isinstance(e, RewardServiceError):
             raise SystemExit(f"rl: step {len(records)}: {e}; the steps before it are in {args.out / 'steps.jsonl'}") \
                 from None

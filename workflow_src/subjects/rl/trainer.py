@@ -32,6 +32,7 @@ from transformers import AutoTokenizer, Qwen2ForCausalLM
 
 from workflow_src.bitwise.digest import scalar_hex, tensor_digest
 from workflow_src.model.fused_ops import fused_elementwise
+from workflow_src.model.greedy import greedy_generate
 from workflow_src.model.lean_qwen2 import LeanQwen2, Segment
 from workflow_src.subjects.rl.chunked_grad import chunked_parameter_grads
 from workflow_src.subjects.rl.loss import group_advantages, grpo_loss, grpo_per_sequence, token_logprobs
@@ -48,6 +49,7 @@ from workflow_src.subjects.rl.seeds import derive_seed
 from workflow_src.subjects.rl.settings import GPU_ONLY, RLSettings, SettingsError
 from workflow_src.subjects.rl.sharded_grads import reduce_scatter_accumulate
 from workflow_src.tasks import synthetic_arithmetic as task
+from workflow_src.tasks.answers import grade
 
 
 @dataclass
@@ -398,8 +400,6 @@ class Trainer:
 
     def evaluate(self) -> dict[str, Any]:
         """Greedy accuracy on a fixed fixture (the first eval_prompts test problems), as the step-0 check."""
-        from workflow_src.model.greedy import greedy_generate
-        from workflow_src.tasks.answers import grade
         self._sync_rollout_weights()
         fixture = self.test[: self.settings.eval_prompts]
         outs = greedy_generate(self.rollout_model, self.tok, [p.prompt for p in fixture],
