@@ -89,7 +89,8 @@ def test_the_rl_trainer_refuses_a_corrupted_checkpoint(rl_subject_checkpoint, tm
 
 
 def test_the_randopt_runtime_refuses_a_corrupted_checkpoint(rl_subject_checkpoint, tmp_path):
-    from workflow_src.randopt.runtime import Config, load_runtime
+    from workflow_src.randopt.cli import Config
+    from workflow_src.randopt.runtime import load_runtime
     from workflow_src.randopt.settings import RandOptSettings
     copy = tmp_path / "ckpt"
     shutil.copytree(rl_subject_checkpoint, copy)

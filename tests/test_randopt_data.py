@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from conftest import run_module, write_section
 
-from workflow_src.randopt import gather, plots, population, record, runtime, stats, vote
+from workflow_src.randopt import gather, plots, population, record, stats, tables, vote
 from workflow_src.randopt.select import rank_population, ratio_k, resolve_ks
 from workflow_src.tasks.registry import get_task
 
@@ -538,7 +538,7 @@ def test_gather_records_each_shards_loop_and_both_clocks(tmp_path):
                 "shards": 2, "positions": list(rows["position"]), "seeds": len(rows), "throughput": {},
                 "clock": loops[shard], "loop_clock": loops[shard], "provenance": {}}
         paths.append(tmp_path / f"{shard}.parquet")
-        runtime.write_parquet(paths[-1], rows[list(population.SHARD_COLUMNS)], meta, population.SHARD_COLUMNS)
+        tables.write_parquet(paths[-1], rows[list(population.SHARD_COLUMNS)], meta, population.SHARD_COLUMNS)
     _, meta = gather.gather(paths)
     assert meta["loop_seconds"] == 22.0 and meta["loop_clock"] == {"start": 100.0, "end": 142.0}
     assert meta["shard_loop_clocks"] == {"0": loops[0], "1": loops[1]}

@@ -18,7 +18,7 @@ from workflow_src.config_schema import defaults
 from workflow_src.engine import EngineNotBuilt, ThroughputMeter, make_engine, merge_throughput
 from workflow_src.engine.perturber import Perturber, select_parameters
 from workflow_src.noise import speedproof as noise
-from workflow_src.randopt import bpb, runtime
+from workflow_src.randopt import bpb, tables
 from workflow_src.randopt.gather import GatherError, gather
 from workflow_src.randopt.population import (
     SHARD_COLUMNS,
@@ -185,7 +185,7 @@ def fake_shard(path, shard, shards, spec=SPEC, identity=IDENTITY, tamper=None):
     meta = {"format": SHARD_FORMAT, "identity": identity, "population_spec": spec, "shard": shard, "shards": shards,
             "positions": pos, "throughput": {"sampling": {"seconds": 1.0, "prompts": 4, "prompt_tokens": 20,
                                                           "generated_tokens": 30}}, "provenance": {}}
-    runtime.write_parquet(path, df, meta, SHARD_COLUMNS)
+    tables.write_parquet(path, df, meta, SHARD_COLUMNS)
     return path
 
 

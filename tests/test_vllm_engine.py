@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO, write_section
 from test_randopt_model import CKPT, RANDOPT, TASK, _cli, _run_all
 
-from workflow_src.randopt.runtime import read_meta
+from workflow_src.randopt.tables import read_meta
 
 VLLM_PYTHON = Path(os.environ.get("SPEEDPROOF_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
 pytestmark = pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=f"no vllm environment at {VLLM_PYTHON} "

@@ -327,7 +327,7 @@ def test_the_randopt_clis_outputs_in_the_workflow_run(tiny_workflow, capsys):
     from workflow_src.config_schema import resolve
     from workflow_src.engine.perturber import Perturber
     from workflow_src.noise import speedproof as noise
-    from workflow_src.randopt import bpb, runtime
+    from workflow_src.randopt import bpb, tables
     from workflow_src.randopt.gather import main as gather_main
     from workflow_src.randopt.population import SHARD_COLUMNS
     from workflow_src.randopt.select import rank_population
@@ -360,7 +360,7 @@ def test_the_randopt_clis_outputs_in_the_workflow_run(tiny_workflow, capsys):
     ckpt = res / "checkpoints/tiny-test"
     model = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="sdpa").eval()
     p = Perturber(model, include=cfg["perturb"]["include"], exclude=cfg["perturb"]["exclude"])
-    meta = runtime.read_meta(rd / "population.parquet")
+    meta = tables.read_meta(rd / "population.parquet")
     assert meta["throughput"]["sampling"]["prompts"] == n * n_train
     assert meta["model"]["perturbed"]["parameters"] == len(p.layout)
     first = sorted((rd / "shards").glob("*.parquet"))[0]
@@ -370,7 +370,7 @@ def test_the_randopt_clis_outputs_in_the_workflow_run(tiny_workflow, capsys):
     assert not (res.parent / "bad.parquet").exists()
 
     # the sampling loop's two clocks: the shards' own loops summed (seeds/s) and first start to last end (wall)
-    loops = [runtime.read_meta(f)["loop_clock"] for f in sorted((rd / "shards").glob("*.parquet"))]
+    loops = [tables.read_meta(f)["loop_clock"] for f in sorted((rd / "shards").glob("*.parquet"))]
     assert meta["loop_seconds"] == pytest.approx(sum(c["end"] - c["start"] for c in loops), rel=1e-12)
     assert meta["loop_clock"] == {"start": min(c["start"] for c in loops), "end": max(c["end"] for c in loops)}
     rec = json.loads((rd / "record.json").read_text())

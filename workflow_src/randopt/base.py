@@ -20,7 +20,7 @@ import pandas as pd
 
 from workflow_src.progress import progress_bar
 from workflow_src.provenance.atomic import atomic_write_json
-from workflow_src.randopt import runtime
+from workflow_src.randopt import cli, runtime, tables
 from workflow_src.randopt.population import ANSWER_COLUMNS, answer_rows
 from workflow_src.tasks.registry import get_task
 
@@ -32,12 +32,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-json", required=True)
     parser.add_argument("--out-test", required=True)
-    runtime.add_common_args(parser)
+    cli.add_common_args(parser)
     args = parser.parse_args(argv)
-    with runtime.config_errors("randopt.base"):
-        cfg = runtime.load_config(args)
+    with cli.config_errors("randopt.base"):
+        cfg = cli.load_config(args)
     s = cfg.settings
-    splits = runtime.cli_splits(cfg, "randopt.base")
+    splits = cli.cli_splits(cfg, "randopt.base")
     train, test = splits["train"], splits["test"]
     if not train or not test:
         raise SystemExit("randopt.base: the train and test splits must not be empty")
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     meta = {"format": BASE_TEST_FORMAT, "identity": cfg.identity(), "throughput": rt.meter.to_dict(),
             "provenance": doc["provenance"]}
-    runtime.write_parquet(args.out_test, pd.DataFrame(rows, columns=list(ANSWER_COLUMNS)), meta, ANSWER_COLUMNS)
+    tables.write_parquet(args.out_test, pd.DataFrame(rows, columns=list(ANSWER_COLUMNS)), meta, ANSWER_COLUMNS)
     atomic_write_json(args.out_json, doc)
     print(f"randopt base: train reward {doc['train']['reward_mean']:.4f}, test accuracy {doc['test']['accuracy']:.4f}",
           file=sys.stderr)

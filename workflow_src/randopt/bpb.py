@@ -49,7 +49,7 @@ import torch
 from workflow_src.progress import progress_bar
 from workflow_src.provenance.atomic import atomic_write_json
 from workflow_src.provenance.hashing import sha256_file
-from workflow_src.randopt import runtime
+from workflow_src.randopt import cli, runtime
 from workflow_src.randopt.select import rank_population, resolve_ks
 
 LN2 = math.log(2.0)
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--population", required=True)
     parser.add_argument("--k", type=int, help="ensemble size (default: randopt.bpb.k, else the largest K of the sweep)")
     parser.add_argument("--out", required=True)
-    args, cfg, pop = runtime.open_population_cli(parser, argv, "randopt.bpb")
+    args, cfg, pop = cli.open_population_cli(parser, argv, "randopt.bpb")
     k = args.k if args.k is not None else default_k(cfg.settings, len(pop))
     if not 1 <= k <= len(pop):
         raise SystemExit(f"randopt.bpb: --k {k} outside 1..{len(pop)}")

@@ -32,7 +32,7 @@ import pandas as pd
 
 from workflow_src.engine.base import merge_throughput
 from workflow_src.provenance.stamp import provenance
-from workflow_src.randopt import runtime
+from workflow_src.randopt import cli, tables
 from workflow_src.randopt.population import SHARD_COLUMNS, SHARD_FORMAT, population_table
 
 POPULATION_FORMAT = "speedproof.randopt.population/1"
@@ -65,7 +65,7 @@ def gather(paths: list[str | Path], identity: dict[str, Any] | None = None) -> t
     metas, frames = [], []
     for p in paths:
         try:
-            m = runtime.read_meta(p)
+            m = tables.read_meta(p)
         except (OSError, ValueError) as e:
             raise GatherError(str(e)) from None
         if m.get("format") != SHARD_FORMAT:
@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     identity, sections = None, []
     if args.randopt_section:
         args.checkpoint = None
-        with runtime.config_errors("randopt.gather"):
-            cfg = runtime.load_config(args)
+        with cli.config_errors("randopt.gather"):
+            cfg = cli.load_config(args)
         identity = {k: v for k, v in cfg.identity().items() if v is not None}
         sections = cfg.sections
     try:
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"randopt.gather: {e}", file=sys.stderr)
         raise SystemExit(1) from None
     meta["provenance"] = provenance(sections, args.checkpoint_manifest, args.environment)
-    runtime.write_parquet(args.out, df, meta, SHARD_COLUMNS)
+    tables.write_parquet(args.out, df, meta, SHARD_COLUMNS)
     print(f"randopt gather: {len(df)} seeds from {meta['shards']} shards, best train reward "
           f"{df['train_reward'].max():.4f}", file=sys.stderr)
 

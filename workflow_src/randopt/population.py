@@ -28,7 +28,7 @@ CLI (one shard; `python -m workflow_src.randopt.gather` joins the shards):
         --randopt-section results/config/randopt.json --task-section results/config/task.NAME.json \\
         [--environment ENV.json] [--checkpoint-manifest MANIFEST.json] --out shard_I.parquet
 
-The shard parquet's metadata (`runtime.read_meta`) holds the identity, the population spec, the
+The shard parquet's metadata (`tables.read_meta`) holds the identity, the population spec, the
 shard's positions, throughput per phase (load, perturb, sampling = generation of the train prompts,
 shard = the whole evaluation loop) and provenance.
 """
@@ -44,7 +44,7 @@ import pandas as pd
 
 from workflow_src.noise import schemes
 from workflow_src.progress import progress_bar
-from workflow_src.randopt import runtime
+from workflow_src.randopt import cli, runtime, tables
 from workflow_src.randopt.settings import SettingsError
 from workflow_src.tasks.registry import get_task
 
@@ -140,15 +140,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shard", type=int, required=True)
     parser.add_argument("--shards", type=int, help="number of shards (default: randopt.shards)")
     parser.add_argument("--out", required=True)
-    runtime.add_common_args(parser)
+    cli.add_common_args(parser)
     args = parser.parse_args(argv)
     try:
-        cfg = runtime.load_config(args)
+        cfg = cli.load_config(args)
         s = cfg.settings
         shards = args.shards if args.shards is not None else s.shards
         table = population_table(s.population_spec())
         positions = shard_positions(len(table), args.shard, shards)
-        train = runtime.load_splits(cfg)["train"]
+        train = cli.load_splits(cfg)["train"]
         if not train:
             raise SettingsError("the train split is empty")
     except (SettingsError, ValueError) as e:
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
             "shard": args.shard, "shards": shards, "positions": positions, "seeds": len(positions),
             "model": rt.model_info(), "throughput": rt.meter.to_dict(), "clock": rt.clock(),
             "loop_clock": loop_clock, "provenance": cfg.provenance()}
-    runtime.write_parquet(args.out, df, meta, SHARD_COLUMNS)
+    tables.write_parquet(args.out, df, meta, SHARD_COLUMNS)
     sampling = rt.meter.totals("sampling")
     print(f"randopt shard {args.shard}/{shards}: {len(df)} seeds, mean train reward "
           f"{df['train_reward'].mean() if len(df) else float('nan'):.4f}, "

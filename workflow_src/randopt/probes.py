@@ -20,7 +20,7 @@ import pandas as pd
 
 from workflow_src.progress import progress_bar
 from workflow_src.randopt import bpb as bpb_mod
-from workflow_src.randopt import runtime
+from workflow_src.randopt import cli, runtime, tables
 from workflow_src.randopt.select import rank_population
 from workflow_src.tasks.registry import get_task
 
@@ -36,13 +36,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heldout", required=True, help="JSON lines of held-out texts (as for randopt.bpb)")
     parser.add_argument("--top", type=int, help="seeds to probe (default: randopt.probes)")
     parser.add_argument("--out", required=True)
-    args, cfg, pop = runtime.open_population_cli(parser, argv, "randopt.probes")
+    args, cfg, pop = cli.open_population_cli(parser, argv, "randopt.probes")
     s = cfg.settings
     top_n = args.top if args.top is not None else s.probes
     if top_n < 0:
         raise SystemExit("randopt.probes: --top must be >= 0")
     top = rank_population(pop).head(min(top_n, len(pop)))
-    test = runtime.cli_splits(cfg, "randopt.probes")["test"]
+    test = cli.cli_splits(cfg, "randopt.probes")["test"]
     if not test:
         raise SystemExit("randopt.probes: the test split is empty")
     texts = bpb_mod.read_heldout(args.heldout)
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
                         "chunks": len(chunks.ids)},
             "model": rt.model_info(), "throughput": rt.meter.to_dict(), "clock": rt.clock(),
             "provenance": cfg.provenance()}
-    runtime.write_parquet(args.out, df, meta, PROBE_COLUMNS)
+    tables.write_parquet(args.out, df, meta, PROBE_COLUMNS)
     print(f"randopt probes: {len(df)} seeds probed", file=sys.stderr)
 
 

@@ -20,7 +20,7 @@ import sys
 import pandas as pd
 
 from workflow_src.progress import progress_bar
-from workflow_src.randopt import runtime
+from workflow_src.randopt import cli, runtime, tables
 from workflow_src.randopt.population import answer_rows
 from workflow_src.randopt.select import rank_population, resolve_ks
 from workflow_src.tasks.registry import get_task
@@ -36,13 +36,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--population", required=True)
     parser.add_argument("--k-max", type=int, help="top seeds to answer (default: the largest K of the sweep)")
     parser.add_argument("--out", required=True)
-    args, cfg, pop = runtime.open_population_cli(parser, argv, "randopt.topk_answers")
+    args, cfg, pop = cli.open_population_cli(parser, argv, "randopt.topk_answers")
     s = cfg.settings
     k = args.k_max if args.k_max is not None else max(resolve_ks(len(pop), s.ks, s.k_ratios, s.k_ratio_rounding))
     if not 1 <= k <= len(pop):
         raise SystemExit(f"randopt.topk_answers: --k-max {k} outside 1..{len(pop)}")
     top = rank_population(pop).head(k)
-    test = runtime.cli_splits(cfg, "randopt.topk_answers")["test"]
+    test = cli.cli_splits(cfg, "randopt.topk_answers")["test"]
     if not test:
         raise SystemExit("randopt.topk_answers: the test split is empty")
     task = get_task(cfg.task_name)
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     meta = {"format": TOPK_FORMAT, "identity": cfg.identity(), "k": k, "test_prompts": len(test),
             "model": rt.model_info(), "throughput": rt.meter.to_dict(), "clock": rt.clock(),
             "provenance": cfg.provenance()}
-    runtime.write_parquet(args.out, df, meta, TOPK_COLUMNS)
+    tables.write_parquet(args.out, df, meta, TOPK_COLUMNS)
     per_rank = df.groupby("rank")["correct"].mean()
     print(f"randopt topk_answers: K={k}, test accuracy per rank {per_rank.min():.3f}..{per_rank.max():.3f}",
           file=sys.stderr)
