@@ -26,6 +26,8 @@ from typing import Any
 
 from workflow_src.provenance.atomic import atomic_write_json, atomic_write_text
 from workflow_src.provenance.stamp import provenance
+from workflow_src.report.plotting import plt, save_png
+from workflow_src.report.tables import html_table
 from workflow_src.speedup import parse_launch_name
 from workflow_src.speedup.ablation import (
     CUMULATIVE,
@@ -179,7 +181,6 @@ def memory_csv(doc: dict[str, Any]) -> str:
 
 
 def html_pages(doc: dict[str, Any]) -> tuple[str, str]:
-    from workflow_src.report.tables import html_table
     flag = doc["plan"]["memory_flag"]
     title = (f"Ablation — {doc['plan_text']}; each set against fresh baselines; memory flagged above +{flag:.0%} "
              f"of the smaller baseline's peak")
@@ -196,7 +197,6 @@ def html_pages(doc: dict[str, Any]) -> tuple[str, str]:
 
 
 def plot_waterfall(doc: dict[str, Any]):
-    from workflow_src.report.plotting import plt
     bars, start = doc["waterfall"], doc["baseline_seconds"]
     fig, ax = plt.subplots(figsize=(max(6.4, 1.1 * (len(bars) + 2)), 3.8))
     if bars:
@@ -247,7 +247,6 @@ def main(argv: list[str] | None = None) -> None:
                 if n in compares else None for n in names}
     doc = compute(plan, named(args.speedup), bits)
     doc["provenance"] = provenance(args.config_sections, None, args.environment)
-    from workflow_src.report.plotting import save_png
     save_png(plot_waterfall(doc), args.out_waterfall)
     table, memory = html_pages(doc)
     atomic_write_text(args.out_csv, csv_rows(doc))
