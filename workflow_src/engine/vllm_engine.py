@@ -24,6 +24,7 @@ from pathlib import Path
 
 from workflow_src.engine.base import DEFAULT_PHASE, EngineNotBuilt, ThroughputMeter
 from workflow_src.engine.perturber import LaidOut, layout_names_sha256
+from workflow_src.provenance.checkpoint_files import verified_checkpoint
 
 WORKER_EXTENSION = "workflow_src.engine.vllm_worker.PerturbationExtension"
 
@@ -47,7 +48,6 @@ class VLLMEngine:
         if batch_size < 1:
             raise ValueError(f"vllm engine: batch_size must be >= 1, got {batch_size}")
         vllm = _import_vllm()
-        from workflow_src.provenance.checkpoint_files import verified_checkpoint
         checkpoint = verified_checkpoint(checkpoint)  # vLLM reads the files itself: check them first
         self.meter = meter if meter is not None else ThroughputMeter()
         self.progress, self.batch_size = progress, batch_size

@@ -26,6 +26,7 @@ import torch
 from workflow_src.engine.perturber import matches_any
 from workflow_src.noise import schemes
 from workflow_src.noise import speedproof as noise
+from workflow_src.provenance.checkpoint_files import verified_checkpoint
 
 
 def checkpoint_tensors(directory: str | Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -33,7 +34,6 @@ def checkpoint_tensors(directory: str | Path, dtype: torch.dtype) -> dict[str, t
     model with tied embeddings (transformers names that parameter once, as the embedding)."""
     from safetensors.torch import load_file
 
-    from workflow_src.provenance.checkpoint_files import verified_checkpoint
     directory = verified_checkpoint(directory)  # this worker's own check: it may run in a process of its own
     config = json.loads((directory / "config.json").read_text())
     tensors: dict[str, torch.Tensor] = {}

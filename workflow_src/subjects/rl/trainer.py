@@ -34,6 +34,7 @@ from workflow_src.bitwise.digest import scalar_hex, tensor_digest
 from workflow_src.model.fused_ops import fused_elementwise
 from workflow_src.model.greedy import greedy_generate
 from workflow_src.model.lean_qwen2 import LeanQwen2, Segment
+from workflow_src.provenance.checkpoint_files import verified_checkpoint
 from workflow_src.subjects.rl.chunked_grad import chunked_parameter_grads
 from workflow_src.subjects.rl.loss import group_advantages, grpo_loss, grpo_per_sequence, token_logprobs
 from workflow_src.subjects.rl.precision import MasterWeights
@@ -140,7 +141,6 @@ class Trainer:
         # cuBLAS picks GEMM kernels by the row count: batched_train and ref_batched keep micro-batch GEMM shapes.
         self.chunk_gemms = self.device.type == "cuda"
 
-        from workflow_src.provenance.checkpoint_files import verified_checkpoint
         checkpoint = verified_checkpoint(checkpoint)  # every file against MANIFEST.json before any weight is read
         self.tok = AutoTokenizer.from_pretrained(checkpoint)
         torch.manual_seed(settings.seed)
