@@ -35,7 +35,7 @@ from workflow_src.model.fused_ops import fused_elementwise
 from workflow_src.model.lean_qwen2 import LeanQwen2, Segment
 from workflow_src.subjects.rl.chunked_grad import chunked_parameter_grads
 from workflow_src.subjects.rl.loss import group_advantages, grpo_loss, grpo_per_sequence, token_logprobs
-from workflow_src.subjects.rl.precision import MasterWeights
+from workflow_src.subjects.rl.precision import MasterWeights, one_ulp_up
 from workflow_src.subjects.rl.rewards import InProcessRewards
 from workflow_src.subjects.rl.rollout import (
     Sampling,
@@ -45,7 +45,7 @@ from workflow_src.subjects.rl.rollout import (
     rollout_lean_padded,
 )
 from workflow_src.subjects.rl.seeds import derive_seed
-from workflow_src.subjects.rl.settings import GPU_ONLY, RLSettings, SettingsError
+from workflow_src.subjects.rl.settings import GPU_ONLY, ULP_CONTROL_STEP, RLSettings, SettingsError
 from workflow_src.subjects.rl.sharded_grads import reduce_scatter_accumulate
 from workflow_src.tasks import synthetic_arithmetic as task
 
@@ -332,6 +332,9 @@ class Trainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.master.parameters(), s.max_grad_norm)
             if hasattr(grad_norm, "full_tensor"):
                 grad_norm = grad_norm.full_tensor()
+            if "control_lr_ulp" in self.switches and step == ULP_CONTROL_STEP:
+                for group in self.opt.param_groups:  # the scheduler sets the next step's lr afresh
+                    group["lr"] = one_ulp_up(group["lr"])
             lr = self.opt.param_groups[0]["lr"]
             self.opt.step()
             self.sched.step()
