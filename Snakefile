@@ -19,6 +19,7 @@ if os.path.isfile(os.path.join(workflow.basedir, "workflow_src", "__init__.py"))
 import workflow_src
 import yaml
 from workflow_src.config_checks import ConfigError, check_config, schema_problems
+from workflow_src.provenance import cpu_kernels
 
 with open(os.path.join(workflow.basedir, "config/schema.yaml")) as _f:
     _schema = yaml.safe_load(_f)
@@ -35,6 +36,10 @@ except ConfigError as e:
 # Snakemake unless rules run in conda environments (--sdm conda), which bring their own.
 _package_parent = os.path.dirname(os.path.dirname(os.path.abspath(workflow_src.__file__)))
 _prefix = f'export PYTHONPATH="{_package_parent}${{{{PYTHONPATH:+:$PYTHONPATH}}}}"; '
+# The CPU kernel family (workflow_src/provenance/cpu_kernels.py): importing the package above set it in this
+# process, whose environment local jobs inherit; the export carries it to jobs that start elsewhere (a cluster
+# node) and to the commands of external subjects.
+_prefix += cpu_kernels.shell_exports()
 if "conda" not in {str(m).lower() for m in workflow.deployment_settings.deployment_method}:
     _prefix += f'export PATH="{os.path.dirname(sys.executable)}:$PATH"; '
 shell.prefix(_prefix)

@@ -9,6 +9,11 @@ from pathlib import Path
 
 import pytest
 
+# Before any test module imports torch: the package sets the CPU kernel family the workflow's jobs compute with
+# (workflow_src/provenance/cpu_kernels.py), so the tests' bits are the jobs' on every machine; the subprocesses
+# they start inherit it.
+import workflow_src  # noqa: F401
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -1,5 +1,6 @@
 """BF16 compute with FP32 master weights, on a tied-embedding random checkpoint with the dense reward: the
 optimized trainer's CPU switches reproduce the baseline bit for bit, and the checks can fail."""
+import struct
 from types import SimpleNamespace
 
 import pytest
@@ -7,8 +8,8 @@ import torch
 from test_random_checkpoint import TASK, spec
 
 from workflow_src.checkpoints.__main__ import build_checkpoint
-from workflow_src.subjects.rl.precision import MasterWeights
-from workflow_src.subjects.rl.settings import GPU_ONLY, SWITCHES, RLSettings, SettingsError
+from workflow_src.subjects.rl.precision import MasterWeights, one_ulp_up
+from workflow_src.subjects.rl.settings import GPU_ONLY, SWITCHES, ULP_CONTROL_STEP, RLSettings, SettingsError
 from workflow_src.tasks.registry import get_task
 
 RL = {"seed": 1, "prompts_per_step": 2, "group_size": 4, "policy_group_size": 2, "rounds": 2, "max_new_tokens": 10,
@@ -57,9 +58,28 @@ def test_batched_train_alone_matches_with_tied_embeddings(checkpoint, baseline):
 
 
 def test_controls_differ(checkpoint, baseline):
+    # on the project's CPU kernel family (tests/conftest.py), the same on every x86 machine
     checks, final = run(checkpoint, ["control_reduction_order"])
     assert final["parameters"] != baseline[1]["parameters"]
     assert run(checkpoint, [], precision="fp32")[0] != baseline[0]  # the precision is in the bits
+
+
+def test_ulp_control_differs_where_it_acts_by_construction(checkpoint, baseline):
+    """What holds on any machine: the step the control acts at records another lr, one float32 ulp above, and
+    nothing that step computed before its update differs."""
+    checks, _ = run(checkpoint, ["control_lr_ulp"])
+    step, base = checks[ULP_CONTROL_STEP], baseline[0][ULP_CONTROL_STEP]
+    assert {k for k in base if step[k] != base[k]} == {"lr"}
+    lr = struct.unpack(">d", bytes.fromhex(base["lr"]))[0]
+    assert struct.unpack(">d", bytes.fromhex(step["lr"]))[0] == one_ulp_up(lr) > lr
+
+
+def test_one_ulp_up_moves_the_float32_rounding():
+    for x in (1e-3, 0.1, 1.0, 2.0**-126, 3e-8, 0.0):
+        up = one_ulp_up(x)
+        f32 = torch.tensor(x, dtype=torch.float32)
+        assert up != x and torch.tensor(up, dtype=torch.float32) != f32
+        assert torch.tensor(up, dtype=torch.float32) == torch.nextafter(f32, torch.tensor(float("inf")))
 
 
 def test_master_weights_round_to_compute_dtype():
@@ -119,8 +139,10 @@ def test_switch_check_candidates_write_the_chosen_set(checkpoint, tmp_path):
     main(["--checkpoint", str(checkpoint), "--rl-section", str(rl), "--task-section", str(task), "--steps", "1",
           "--candidates", "batched_groups", "--overlay", str(overlay), "--out", str(out)])
     doc = json.loads(out.read_text())
-    assert sorted(doc["configs"]) == ["base", "base+batched_groups", "base+control_reduction_order", "baseline"]
+    assert sorted(doc["configs"]) == ["base", "base+batched_groups", "base+control_lr_ulp",
+                                      "base+control_reduction_order", "baseline"]
     assert not doc["configs"]["base+control_reduction_order"]["vs_baseline"]["equal"]
+    assert not doc["configs"]["base+control_lr_ulp"]["vs_baseline"]["equal"]
     assert json.loads(overlay.read_text()) == {"rl": {"switches": ["batched_groups", "lean_decode"]}}
 
 
@@ -141,18 +163,11 @@ def test_chosen_switches_take_only_what_matched():
 @pytest.mark.parametrize("switch, module", [("batched_train", "workflow_src.subjects.rl.chunked_grad"),
                                             ("ref_batched", "workflow_src.model.lean_qwen2")])
 def test_micro_batch_gemms_match(checkpoint, baseline, monkeypatch, switch, module):
-    """What a GPU runs keeps the baseline's bits too: every GEMM of batched_train (through chunked_grad) and of
-    ref_batched (through the lean forward, then full logits per micro-batch) in a micro-batch's shape."""
+    """Every GEMM of batched_train (through chunked_grad) and of ref_batched (through the lean forward, then full
+    logits per micro-batch) in a micro-batch's shape, on any device, and the baseline's bits."""
     import importlib
 
-    from workflow_src.subjects.rl import trainer
     mod = importlib.import_module(module)
-    original = trainer.Trainer.__init__
-
-    def init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        self.chunk_gemms = True
-
     rows_seen = []
     linear = mod.F.linear
 
@@ -160,7 +175,6 @@ def test_micro_batch_gemms_match(checkpoint, baseline, monkeypatch, switch, modu
         rows_seen.append(x.shape[0])
         return linear(x, w, b)
 
-    monkeypatch.setattr(trainer.Trainer, "__init__", init)
     monkeypatch.setattr(mod, "F", SimpleNamespace(linear=spy, embedding=torch.nn.functional.embedding))
     assert run(checkpoint, [switch]) == baseline
     assert rows_seen and set(rows_seen) == {RL["policy_group_size"]}

@@ -10,6 +10,7 @@ import yaml
 from conftest import REPO
 
 from workflow_src.provenance.hashing import sha256_file
+from workflow_src.subjects.rl.settings import ULP_CONTROL_STEP
 
 pytestmark = pytest.mark.workflow
 
@@ -32,8 +33,8 @@ TINY = {
                 "vote": {"bootstrap_resamples": 200}, "bpb": {"chunk_tokens": 64}},
     "heldout_text": {"synthetic": {"documents": 4}},
 }
-SPINE = {"config_section": 16, "environment": 1, "reward_environment": 1, "checkpoint": 1, "pretraining_curve": 1,
-         "speedup_launch": 2, "speedup_next_launch": 4, "paired_speedup": 2, "deterministic_run": 4, "bitwise_compare": 3, "bitwise_summary": 1,
+SPINE = {"config_section": 17, "environment": 1, "reward_environment": 1, "checkpoint": 1, "pretraining_curve": 1,
+         "speedup_launch": 2, "speedup_next_launch": 4, "paired_speedup": 2, "deterministic_run": 5, "bitwise_compare": 4, "bitwise_summary": 1,
          "operator_checks": 1, "experiment_manifest": 1, "all": 1,
          "heldout_text": 1, "randopt_base": 1, "randopt_population": 2, "randopt_gather": 1, "randopt_topk_answers": 1,
          "randopt_select_vote": 1, "randopt_probes": 1, "randopt_bpb": 1, "randopt_sigma_stats": 1, "randopt_plots": 1,
@@ -269,7 +270,12 @@ def test_full_run_then_nothing_to_do(tiny_workflow):
         <= metas[2]["start"]["unix_ns"]
     bit = json.loads((res / "bitwise/wftest/comparison.json").read_text())
     verdicts = {c["candidate"]: (c["pass"], c["as_expected"]) for c in bit["comparisons"]}
-    assert verdicts == {"optimized": (True, True), "baseline_repeat": (True, True), "control": (False, True)}
+    assert verdicts == {"optimized": (True, True), "baseline_repeat": (True, True), "control": (False, True),
+                        "control_ulp": (False, True)}
+    # what holds on any machine: the one-ulp control is caught where it acts, at its recorded lr (the reordering
+    # control's first divergence depends on the kernels' bits, so only its detection is asserted)
+    ulp = next(c for c in bit["comparisons"] if c["candidate"] == "control_ulp")
+    assert (ulp["first_divergence"]["step"], ulp["first_divergence"]["item"]) == (ULP_CONTROL_STEP, "lr")
     # the run's own claims: its speedups and bitwise verdicts as an evidence record, in the run's ledger
     rl = json.loads((res / "evidence/rl-paired-tiny-test/record.json").read_text())
     ids = {c["id"]: c for c in rl["claims"]}
@@ -278,7 +284,7 @@ def test_full_run_then_nothing_to_do(tiny_workflow):
         and len(rl["provenance"]["sources_sha256"]) == 64
     assert ids["rl-paired-tiny-test.full.speedup"]["values"] == [speed["headline"]["ratio"]]
     assert ids["rl-paired-tiny-test.bitwise.optimized.equal_share"]["median"] == 1.0
-    assert ids["rl-paired-tiny-test.bitwise.control.first_divergence_step"]["median"] == 0
+    assert ids["rl-paired-tiny-test.bitwise.control_ulp.first_divergence_step"]["median"] == ULP_CONTROL_STEP
     assert {"rl-paired-tiny-test.training_code_alone.speedup", "rl-paired-tiny-test.full.ab_gap"} <= ids.keys()
     assert all(f"`{i}`" in (res / "claims/CLAIMS.md").read_text() for i in ids)
     # the operator receipt as a record (named by its sizes and device) in the same ledger

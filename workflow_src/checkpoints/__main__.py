@@ -14,13 +14,15 @@ from pathlib import Path
 from workflow_src.checkpoints import CheckpointError, hub, local
 from workflow_src.checkpoints.manifest import write_manifest
 from workflow_src.config_schema import ConfigError, resolve
+from workflow_src.provenance import cpu_kernels
 from workflow_src.provenance.atomic import atomic_directory
 from workflow_src.provenance.stamp import load_config_section
 
 
 def build_checkpoint(name: str, source: str, spec: dict, task: dict | None, out: Path,
                      progress: bool = True) -> dict:
-    """`spec` is the config section `checkpoint.<source>`; `task` is `task.synthetic_arithmetic`."""
+    """`spec` is the config section `checkpoint.<source>`; `task` is `task.synthetic_arithmetic`. A checkpoint
+    computed here (synthetic, random) names in its manifest the CPU kernel family it was computed with."""
     expected = spec.get("expected_manifest")
     with atomic_directory(out) as staging:
         if source == "synthetic":
@@ -28,14 +30,14 @@ def build_checkpoint(name: str, source: str, spec: dict, task: dict | None, out:
             if task is None:
                 raise CheckpointError("checkpoint.source synthetic needs the task.synthetic_arithmetic section")
             build(spec, task, staging, progress=progress)
-            identity = {"synthetic": spec, "task": task}
+            identity = {"synthetic": spec, "task": task, "cpu_kernels": cpu_kernels.identity()}
         elif source == "random":
             from workflow_src.checkpoints.random_init import build
             if task is None:
                 raise CheckpointError("checkpoint.source random needs the task.synthetic_arithmetic section "
                                       "(its tokenizer)")
             build(spec, task, staging, progress=progress)
-            identity = {"random": spec, "task": task}
+            identity = {"random": spec, "task": task, "cpu_kernels": cpu_kernels.identity()}
         elif source == "hf":
             hub.fetch(spec, staging)
             identity = {k: spec[k] for k in ("repo_id", "revision", "allow_patterns")}

@@ -1,7 +1,8 @@
 """Environment fingerprint (docs/design.md §3) and the check of the config's version pins.
 
 The fingerprint has two parts: identity (what decides the numbers: interpreter, platform, CPU
-model, packages, torch/CUDA stack, GPUs, determinism variables), hashed into `env_hash`; and
+model and vector extensions, the CPU kernel family in force (provenance/cpu_kernels.py), packages, torch/CUDA
+stack, GPUs, determinism variables), hashed into `env_hash`; and
 circumstance (host name, memory, time, git state), recorded but not hashed, so that the same
 software on the same kind of machine gives the same hash from one run to the next.
 """
@@ -17,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +26,14 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from workflow_src.config_schema import resolve
+from workflow_src.provenance import cpu_kernels
 from workflow_src.provenance.atomic import atomic_write_json
 from workflow_src.provenance.gitinfo import git_state
 from workflow_src.provenance.hashing import sha256_json
 from workflow_src.provenance.stamp import load_config_section
 
 VARIABLE_NAMES = ("CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
-                  "PYTHONHASHSEED", "TRITON_INTERPRET")
+                  "PYTHONHASHSEED", "TRITON_INTERPRET", cpu_kernels.VARIABLE, *cpu_kernels.KNOBS)
 VARIABLE_PREFIXES = ("NCCL_", "TORCH_")
 
 
@@ -111,6 +114,14 @@ def torch_stack() -> dict[str, Any]:
     return info
 
 
+def _torch_installed() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def gpus() -> dict[str, Any]:
     smi = _nvidia_smi()
     models: list[str] = [r["name"] for r in smi]
@@ -127,6 +138,17 @@ def gpus() -> dict[str, Any]:
 def relevant_variables(environ: dict[str, str] | None = None) -> dict[str, str]:
     environ = dict(os.environ if environ is None else environ)
     return {k: v for k, v in sorted(environ.items()) if k in VARIABLE_NAMES or k.startswith(VARIABLE_PREFIXES)}
+
+
+def cpu_summary(env: Mapping[str, Any]) -> str:
+    """A record's CPU in words: model, cores and the kernel family in force (two machines' records then tell
+    their bits apart)."""
+    cpu = env.get("cpu") or {}
+    kernels = env.get("cpu_kernels") or {}
+    family = f"{kernels.get('family', 'unrecorded')} kernels"
+    if kernels and not kernels.get("pinned") and kernels.get("family") != "machine":
+        family += " NOT in force"
+    return f"CPU {cpu.get('model', 'unknown')} ({env.get('usable_cores') or cpu.get('logical_cores')} cores, {family})"
 
 
 def check_pins(pins: dict[str, str], packages: dict[str, str]) -> list[dict[str, Any]]:
@@ -155,7 +177,9 @@ def fingerprint(pins: dict[str, str] | None = None) -> dict[str, Any]:
     identity = {
         "python": {"version": platform.python_version(), "implementation": platform.python_implementation()},
         "platform": {"system": platform.system(), "release": platform.release(), "machine": platform.machine()},
-        "cpu": {"model": _cpu_model(), "logical_cores": os.cpu_count()},
+        "cpu": {"model": _cpu_model(), "logical_cores": os.cpu_count(),
+                "vector_extensions": cpu_kernels.vector_extensions()},
+        "cpu_kernels": cpu_kernels.record() if _torch_installed() else None,
         "packages": packages,
         "torch": torch_stack(),
         "gpu": gpus(),
@@ -192,6 +216,9 @@ def main(argv: list[str] | None = None) -> None:
     for r in bad:
         print(f"pin mismatch: {r['package']} requires {r['required']}, installed {r['installed'] or 'nothing'}",
               file=sys.stderr)
+    kernels = fp["cpu_kernels"] or {}
+    for problem in kernels.get("problems", []):
+        print(f"CPU kernel family {kernels['family']} not in force: {problem}", file=sys.stderr)
     if bad and cfg["on_pin_mismatch"] == "fail":
         names = ", ".join(r["package"] for r in bad)
         raise SystemExit(f"environment: pins not met ({names}); environment.on_pin_mismatch is 'fail'")

@@ -41,6 +41,7 @@ import filelock
 import pandas as pd
 
 from workflow_src.provenance.atomic import atomic_write_json, atomic_write_text
+from workflow_src.provenance.environment import cpu_summary
 from workflow_src.provenance.hashing import sha256_json
 from workflow_src.provenance.stamp import provenance
 from workflow_src.randopt.artifacts import (
@@ -184,13 +185,14 @@ def hardware(env: Mapping[str, Any] | None) -> dict[str, Any]:
         names = sorted(set(models))
         summary = " + ".join(f"{models.count(m)}×{m}" for m in names)
     else:
-        cores = env.get("usable_cores") or cpu.get("logical_cores")
-        summary = f"CPU {cpu.get('model', 'unknown')} ({cores} cores)"
+        summary = cpu_summary(env)
     torch = env.get("torch") or {}
     return {
         "summary": summary, "gpu_count": int(gpu.get("count") or 0), "gpu_models": models,
         "gpu_driver": gpu.get("driver"), "gpu_memory": gpu.get("memory"),
         "cpu_model": cpu.get("model"), "cpu_logical_cores": cpu.get("logical_cores"),
+        "cpu_vector_extensions": cpu.get("vector_extensions"),
+        "cpu_kernels": {k: (env.get("cpu_kernels") or {}).get(k) for k in ("family", "pinned", "probe_sha256")},
         "usable_cores": env.get("usable_cores"), "memory_bytes": env.get("memory_bytes"),
         "hostname": env.get("hostname"), "platform": env.get("platform"), "python": env.get("python"),
         "torch": torch.get("version"), "cuda": torch.get("cuda"), "triton": torch.get("triton"),

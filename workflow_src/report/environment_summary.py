@@ -13,6 +13,15 @@ from workflow_src.provenance.atomic import atomic_write_text
 from workflow_src.report.tables import html_table
 
 
+def kernel_text(kernels: dict[str, Any] | None) -> str:
+    if not kernels:
+        return "not recorded (no torch)"
+    state = "in force" if kernels["pinned"] else ("the machine's own" if kernels["family"] == "machine"
+                                                  else "NOT in force: " + "; ".join(kernels["problems"]))
+    return (f'{kernels["family"]} ({state}; ATen {kernels["aten_capability"]}, bf16 matmul through '
+            f'{"oneDNN" if kernels["onednn_bf16"] else "ATen"}; probe {kernels["probe_sha256"][:16]})')
+
+
 def summary_rows(fp: dict[str, Any]) -> list[tuple[str, str]]:
     t, g = fp["torch"], fp["gpu"]
     rows = [
@@ -21,6 +30,8 @@ def summary_rows(fp: dict[str, Any]) -> list[tuple[str, str]]:
         ("python", f'{fp["python"]["implementation"]} {fp["python"]["version"]}'),
         ("platform", f'{fp["platform"]["system"]} {fp["platform"]["release"]} {fp["platform"]["machine"]}'),
         ("CPU", f'{fp["cpu"]["model"]} ({fp["cpu"]["logical_cores"]} logical, {fp["usable_cores"]} usable)'),
+        ("CPU vector extensions", " ".join(fp["cpu"].get("vector_extensions") or []) or "unknown"),
+        ("CPU kernel family", kernel_text(fp.get("cpu_kernels"))),
         ("memory", f'{fp["memory_bytes"] / 2**30:.1f} GiB' if fp["memory_bytes"] else "unknown"),
         ("torch", t.get("version", "not installed")),
         ("CUDA / cuDNN / NCCL", f'{t.get("cuda")} / {t.get("cudnn")} / {t.get("nccl")}'),

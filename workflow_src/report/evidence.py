@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from workflow_src.provenance.atomic import atomic_write_json
+from workflow_src.provenance.environment import cpu_summary
 from workflow_src.provenance.stamp import provenance
 from workflow_src.report.claims import FORMAT
 
@@ -62,8 +63,7 @@ def device_summary(environment: Mapping[str, Any] | None) -> str:
     models = list((environment.get("gpu") or {}).get("models") or [])
     if models:
         return " + ".join(f"{models.count(m)}×{m}" for m in sorted(set(models)))
-    cpu = environment.get("cpu") or {}
-    return f"CPU {cpu.get('model', 'unknown')} ({environment.get('usable_cores') or cpu.get('logical_cores')} cores)"
+    return cpu_summary(environment)
 
 
 def _rates(engine: Mapping[str, Any]) -> list[float]:

@@ -2,10 +2,12 @@
 
     python sleepy_subject.py --steps N --out DIR [--deterministic] [--switches ...]
         [--step-seconds 0.05] [--ranks 1] [--rank-skew 0.0]
-        [--fail-at-step k] [--skip-step k] [--duplicate-step k] [--regex-log]
+        [--fail-at-step k] [--skip-step k] [--duplicate-step k] [--regex-log] [--report-declared]
 
 Each step sleeps in three phases (rollout 50 %, reward 20 %, update 30 % of --step-seconds) and logs the
-measured wall time. Rank r reports (1 + r × rank-skew) times that, so the slowest rank is the last one.
+measured wall time, or with --report-declared the declared one (--step-seconds and its shares: a fake clock, so
+the protocol's arithmetic on it is exact whatever the machine's load). Rank r reports (1 + r × rank-skew) times
+that, so the slowest rank is the last one.
 --fail-at-step k exits 3 at the start of step k (after logging steps 0..k-1); --skip-step k never logs step k;
 --duplicate-step k logs step k twice; --regex-log prints `step 3 rank 0 took 0.051s (rollout 0.025s)` lines
 on stdout instead of writing steps.jsonl.
@@ -33,6 +35,7 @@ def main() -> None:
     ap.add_argument("--skip-step", type=int)
     ap.add_argument("--duplicate-step", type=int)
     ap.add_argument("--regex-log", action="store_true")
+    ap.add_argument("--report-declared", action="store_true")
     a = ap.parse_args()
 
     out = Path(a.out)
@@ -50,6 +53,8 @@ def main() -> None:
             time.sleep(a.step_seconds * share)
             phases[name] = time.perf_counter() - p0
         seconds = time.perf_counter() - t0
+        if a.report_declared:
+            seconds, phases = a.step_seconds, {name: a.step_seconds * share for name, share in PHASES}
         if step == a.skip_step:
             continue
         for _ in range(2 if step == a.duplicate_step else 1):

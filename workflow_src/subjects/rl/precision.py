@@ -61,3 +61,10 @@ class MasterWeights:
         if self.split:
             for p, m in zip(self.compute, self.masters):
                 p.copy_(m)
+
+
+def one_ulp_up(x: float) -> float:
+    """The float32 next above `x`'s float32 rounding (control_lr_ulp's learning rate): never `x` itself, and its
+    float32 rounding is not `x`'s either, so an update computed in float32 sees it."""
+    f = torch.tensor(x, dtype=torch.float32)
+    return torch.nextafter(f, torch.tensor(float("inf"))).item()

@@ -28,10 +28,17 @@ REQUIRES = {"batched_groups": "lean_decode", "shared_prefix": "lean_decode", "gr
 GPU_ONLY = {"fused_elementwise"}
 # Pairs that cannot run together: the control reorders micro-batches, which a batched step has no loop for.
 CONFLICTS = {("batched_train", "control_reduction_order")}
-# Deliberately non-equivalent changes: the bitwise comparison must flag them (negative controls).
+# The step at which control_lr_ulp acts: the first, which every run has, however few its steps.
+ULP_CONTROL_STEP = 0
+# Deliberately non-equivalent changes: the bitwise comparison must flag them (negative controls). The reordering
+# is the realistic mistake, but whether its bits differ depends on the kernels (a sum of two addends reversed is
+# the same sum); the one-ulp control differs on any machine by construction.
 CONTROLS: dict[str, str] = {
     "control_reduction_order": "accumulates the micro-batches' gradients (and losses) in reverse order: "
                                "the same math, another rounding",
+    "control_lr_ulp": f"step {ULP_CONTROL_STEP}'s learning rate one float32 unit in the last place higher: the "
+                      "step's recorded lr differs by construction, at that step, on any machine, and its update "
+                      "uses it",
 }
 
 

@@ -37,7 +37,7 @@ from workflow_src.model.lean_qwen2 import LeanQwen2, Segment
 from workflow_src.provenance.checkpoint_files import verified_checkpoint
 from workflow_src.subjects.rl.chunked_grad import chunked_parameter_grads
 from workflow_src.subjects.rl.loss import group_advantages, grpo_loss, grpo_per_sequence, token_logprobs
-from workflow_src.subjects.rl.precision import MasterWeights
+from workflow_src.subjects.rl.precision import MasterWeights, one_ulp_up
 from workflow_src.subjects.rl.rewards import InProcessRewards
 from workflow_src.subjects.rl.rollout import (
     Sampling,
@@ -47,7 +47,7 @@ from workflow_src.subjects.rl.rollout import (
     rollout_lean_padded,
 )
 from workflow_src.subjects.rl.seeds import derive_seed
-from workflow_src.subjects.rl.settings import GPU_ONLY, RLSettings, SettingsError
+from workflow_src.subjects.rl.settings import GPU_ONLY, ULP_CONTROL_STEP, RLSettings, SettingsError
 from workflow_src.subjects.rl.sharded_grads import reduce_scatter_accumulate
 from workflow_src.tasks import synthetic_arithmetic as task
 from workflow_src.tasks.answers import grade
@@ -138,8 +138,6 @@ class Trainer:
             raise SettingsError("switch shared_prefix needs rl.baseline_style per_group (a left-padded batch's "
                                 "rows are prefilled together, as the batched generate does)")
         self.reuse_old = "reuse_old_logprobs" in switches or self.batched
-        # cuBLAS picks GEMM kernels by the row count: batched_train and ref_batched keep micro-batch GEMM shapes.
-        self.chunk_gemms = self.device.type == "cuda"
 
         checkpoint = verified_checkpoint(checkpoint)  # every file against MANIFEST.json before any weight is read
         self.tok = AutoTokenizer.from_pretrained(checkpoint)
@@ -213,9 +211,11 @@ class Trainer:
         return self.tok.decode(ids, skip_special_tokens=True), mask, ids
 
     def _ref_logprobs(self, batches: list[Batch]) -> None:
-        if "ref_batched" in self.switches and self.chunk_gemms:
-            # On a GPU: the lean forward over the whole (group, round) with micro-batch GEMM shapes, then the
-            # baseline's own logits and log-softmax per micro-batch (cuBLAS rounds by row count).
+        if "ref_batched" in self.switches:
+            # The lean forward over the whole (group, round) with micro-batch GEMM shapes, then the baseline's
+            # own logits and log-softmax per micro-batch: a GEMM row's bits may change with the row count
+            # (cuBLAS picks its kernel by it, and so does MKL's vendor-independent branch of the pinned CPU
+            # kernel family, provenance/cpu_kernels.py).
             n = self.settings.policy_group_size
             for b in batches:
                 lean = LeanQwen2(self.ref, b.ids.shape[0], b.ids.shape[1], fused=self.fused, gemm_rows=n)
@@ -223,18 +223,6 @@ class Trainer:
                 parts = [token_logprobs(F.linear(h_k, self.ref.lm_head.weight), ids_k)[0]
                          for h_k, ids_k in zip(torch.split(h, n), torch.split(b.ids, n))]
                 b.ref_logp = torch.cat(parts) * b.mask[:, 1:]
-            return
-        if "ref_batched" in self.switches:
-            for b in batches:
-                lean = LeanQwen2(self.ref, b.ids.shape[0], b.ids.shape[1], fused=self.fused)
-                h = lean.hidden(b.ids, [Segment(0, 0, b.ids.shape[0], 0)])
-                # Logits only where a completion token is predicted (forward-only, so slicing rows
-                # before the projection changes no bits; positions are per-row independent).
-                want = b.mask[:, 1:].bool()
-                logits = F.linear(h[:, :-1][want], self.ref.lm_head.weight)
-                lp = torch.zeros(b.mask[:, 1:].shape, device=self.device)
-                lp[want] = F.log_softmax(logits.float(), dim=-1).gather(-1, b.ids[:, 1:][want][:, None]).squeeze(-1)
-                b.ref_logp = lp
             return
         with torch.no_grad():
             for b in batches:
@@ -334,6 +322,9 @@ class Trainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.master.parameters(), s.max_grad_norm)
             if hasattr(grad_norm, "full_tensor"):
                 grad_norm = grad_norm.full_tensor()
+            if "control_lr_ulp" in self.switches and step == ULP_CONTROL_STEP:
+                for group in self.opt.param_groups:  # the scheduler sets the next step's lr afresh
+                    group["lr"] = one_ulp_up(group["lr"])
             lr = self.opt.param_groups[0]["lr"]
             self.opt.step()
             self.sched.step()
@@ -371,8 +362,9 @@ class Trainer:
         if self.distributed:
             self.policy.reshard()
             accumulate = reduce_scatter_accumulate
+        # every GEMM in a micro-batch's shape, as in _ref_logprobs
         with chunked_parameter_grads(self.policy, n, accumulate=accumulate,
-                                     chunk_gemms=self.chunk_gemms, fused_norm=self.fused):
+                                     chunk_gemms=True, fused_norm=self.fused):
             logits = self.policy(input_ids=b.ids).logits
             losses = []
             # What follows the logits runs per micro-batch, as in the baseline: its row reductions (log-softmax,

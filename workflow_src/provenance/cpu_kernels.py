@@ -1,0 +1,151 @@
+"""The CPU kernel family every job and test computes with: one set of bits on AVX2 and AVX-512 machines alike.
+
+torch picks its CPU kernels by what the machine offers: ATen's vectorised kernels by the widest vector unit
+(AVX2 or AVX-512: another reduction width), oneDNN's bf16 matrix products by AVX-512 BF16 (where the CPU has
+it; elsewhere ATen's own), MKL's BLAS and vector maths by the processor's model and vendor. Each choice
+changes reduction orders, fused multiply-adds or approximations, so the same program gives other bits on
+another machine. The project pins one family (FAMILIES) before torch is imported: workflow_src/__init__.py
+applies it, so every `python -m workflow_src...` job, the Snakefile's process (whose environment the jobs
+inherit; its shell prefix exports it again, for jobs that start elsewhere) and the tests (tests/conftest.py
+imports the package first) compute alike.
+
+`x86-avx2`, the default on x86-64: ATen's AVX2 kernels, oneDNN capped at AVX2 (so bf16 matrix products take
+ATen's path, as on a CPU without AVX-512), MKL's COMPATIBLE branch (the one code path MKL documents for Intel
+and non-Intel processors alike: SSE2, without the approximation instructions whose results differ between
+vendors) and MKL/OpenMP thread counts that do not adapt at run time. Every thread count is the config's
+(`rl.threads`, `randopt.threads`, `checkpoint.synthetic.pretrain.threads`, ...). `machine` leaves every knob
+as inherited: the machine's own, fastest kernels, with its own bits.
+
+SPEEDPROOF_CPU_KERNELS names the family (default: `x86-avx2` on x86-64, `machine` elsewhere); a pinned family
+overrides the knobs inherited from the shell. The environment record carries the family, its knobs, the CPU's
+vector extensions, what torch reports in force and a digest of a few representative computations
+(`probe_sha256`): two machines with the same family in force and the same digest compute those alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shlex
+from pathlib import Path
+from typing import Any
+
+VARIABLE = "SPEEDPROOF_CPU_KERNELS"
+FAMILIES: dict[str, dict[str, str]] = {
+    "x86-avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "COMPATIBLE",
+                 "MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE"},
+    "machine": {},
+}
+# What torch reports when a family is in force: ATen's capability, and whether bf16 matrix products go to oneDNN.
+IN_FORCE: dict[str, dict[str, Any]] = {"x86-avx2": {"aten_capability": "AVX2", "onednn_bf16": False}}
+KNOBS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS",
+         "MKL_DYNAMIC", "OMP_DYNAMIC")
+# /proc/cpuinfo flags that name a vector or matrix extension (x86 and Arm)
+EXTENSION_PREFIXES = ("sse", "ssse", "avx", "fma", "f16c", "amx", "asimd", "sve")
+EXTENSION_NAMES = {"sme", "sme2", "bf16", "i8mm"}
+
+
+class KernelFamilyError(ValueError):
+    pass
+
+
+def default_family(machine: str | None = None) -> str:
+    return "x86-avx2" if (machine or platform.machine()).lower() in ("x86_64", "amd64") else "machine"
+
+
+def family_name(environ: dict[str, str] | os._Environ | None = None) -> str:
+    environ = os.environ if environ is None else environ
+    name = environ.get(VARIABLE) or default_family()
+    if name not in FAMILIES:
+        raise KernelFamilyError(f"{VARIABLE}={name!r}: known families are {', '.join(sorted(FAMILIES))}")
+    return name
+
+
+def apply(environ: dict[str, str] | os._Environ | None = None) -> str:
+    """Set the family's knobs in `environ` (this process's environment by default), overriding inherited values.
+    Effective only before torch is first imported and used: its libraries read them once."""
+    environ = os.environ if environ is None else environ
+    name = family_name(environ)
+    environ[VARIABLE] = name
+    environ.update(FAMILIES[name])
+    return name
+
+
+def shell_exports(environ: dict[str, str] | os._Environ | None = None) -> str:
+    """`export K=V ...; ` of the family in force, for a shell prefix."""
+    name = family_name(environ)
+    pairs = {VARIABLE: name, **FAMILIES[name]}
+    return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in pairs.items()) + "; "
+
+
+def vector_extensions(cpuinfo: str | None = None) -> list[str]:
+    """The CPU's vector and matrix extensions, from the first processor's flags in /proc/cpuinfo."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return []
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return sorted(f for f in value.split() if f.startswith(EXTENSION_PREFIXES) or f in EXTENSION_NAMES)
+    return []
+
+
+def probe_digest() -> str:
+    """sha256 over the bits of computations the workflow's verdicts rest on, each through the path torch picks
+    for it (fp32 and bf16 matrix products, softmax, exp, RMS norm, sums), on one thread, from fixed inputs."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        g = torch.Generator().manual_seed(0)
+        a, b = torch.randn(48, 160, generator=g), torch.randn(160, 72, generator=g)
+        x = torch.randn(8, 160, generator=g)
+        outs = [a @ b, (a.bfloat16() @ b.bfloat16()), torch.softmax(a, -1), a.exp(), a.sum(-1), a.bfloat16().sum(-1),
+                x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6),
+                torch.nn.functional.silu(a.bfloat16()) * a.bfloat16()]
+        h = hashlib.sha256()
+        for t in outs:
+            h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def in_force() -> dict[str, Any]:
+    """What torch reports: ATen's CPU capability, and whether bf16 matrix products go to oneDNN."""
+    import torch
+    return {"aten_capability": torch.backends.cpu.get_cpu_capability(),
+            "onednn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())}
+
+
+def identity(environ: dict[str, str] | os._Environ | None = None) -> dict[str, Any]:
+    """What decides the bits of a CPU computation, the same on every machine where the family is in force: the
+    family, its knobs and what torch reports in force (for a checkpoint manifest and the records)."""
+    name = family_name(environ)
+    return {"family": name, "knobs": dict(FAMILIES[name]), **in_force()}
+
+
+def problems(record: dict[str, Any]) -> list[str]:
+    """Why the family is not in force in this process (torch was imported before it was applied, or the CPU
+    lacks what the family needs); empty when it is."""
+    expected = IN_FORCE.get(record["family"], {})
+    out = [f"{key}: torch reports {record[key]!r}, family {record['family']} needs {want!r}"
+           for key, want in expected.items() if record[key] != want]
+    out += [f"{k}={record['variables'].get(k)!r}, family {record['family']} sets {v!r}"
+            for k, v in FAMILIES[record["family"]].items() if record["variables"].get(k) != v]
+    return out
+
+
+def record(environ: dict[str, str] | os._Environ | None = None) -> dict[str, Any]:
+    """The environment record's `cpu_kernels`: family, knobs as set in this process, what torch reports in force,
+    whether that is the family, and the probe digest."""
+    environ = os.environ if environ is None else environ
+    doc = {**identity(environ), "variables": {k: environ[k] for k in (VARIABLE, *KNOBS) if k in environ},
+           "probe_sha256": probe_digest()}
+    doc["problems"] = problems(doc)
+    doc["pinned"] = not doc["problems"] and doc["family"] != "machine"
+    return doc
