@@ -153,7 +153,7 @@ def test_auto_repeats_read_their_decisions(tmp_path):
 def test_bitwise_runs_commands_and_card_shares():
     cfg = filled({"rl": {"device": "cuda"}, "bitwise": {"gpu_mem_gb": 38}})
     b = BitwisePlan(cfg, card_memory_mb=80 * 1024, cores=16)
-    assert b.candidates() == ["baseline_repeat", "control", "optimized"]
+    assert b.candidates() == ["baseline_repeat", "control", "control_ulp", "optimized"]
     run = w(run="optimized")
     assert b.gpu_share(run) == gpu_memory.gpu_share(38, 80 * 1024, "x") < gpu_memory.WHOLE
     assert b.holds_card(run) == 0 and b.run_threads(run) == 16 // (gpu_memory.WHOLE // b.gpu_share(run))
