@@ -34,7 +34,8 @@ def step_logits_bytes(model: torch.nn.Module, rows: int) -> int:
 
 def generation_peak(model: torch.nn.Module, slots: int, capacity: int, switched_copy: bool) -> dict[str, int]:
     """The parts of one engine's peak: `switched_copy` where a Perturber holds its base copy meanwhile."""
-    return {"weights": parameter_bytes(model), "base copy": parameter_bytes(model) if switched_copy else 0,
+    weights = parameter_bytes(model)
+    return {"weights": weights, "base copy": weights if switched_copy else 0,
             "KV cache": kv_cache_bytes(model, slots, capacity), "step logits": step_logits_bytes(model, slots)}
 
 
