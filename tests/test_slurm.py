@@ -310,7 +310,10 @@ def test_slurm_run_matches_local_run(cluster, tiny_workflow, tmp_path):
     # the reference, the optimized run and the negative control are what a counted comparison needs.
     runs = {"baseline": {"impl": "baseline"}, "optimized": {"impl": "optimized"},
             "control": {"impl": "optimized", "switches": ["control_reduction_order"], "expect": "fail"}}
-    (remote / "config.yaml").write_text(yaml.safe_dump({**TINY, "bitwise": {**TINY["bitwise"], "runs": runs}}))
+    # The SLURM node stands for another machine: its jobs take their own machine lock, not the one the local run
+    # beside it holds on this host (a timed launch refuses to start beside another job of the same machine).
+    (remote / "config.yaml").write_text(yaml.safe_dump({**TINY, "bitwise": {**TINY["bitwise"], "runs": runs},
+                                                        "machine": {"lock": str(tmp_path / "slurm-node.lock")}}))
     profile = _test_profile(cluster, tmp_path / "profile")
 
     # The local run is the session's run of TINY (conftest.TinyWorkflow, `snakemake --cores 2`, every
