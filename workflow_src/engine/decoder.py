@@ -50,7 +50,7 @@ ATTENTION = ("sdpa", "triton")
 def torch_deterministic_mode_off():
     """torch's deterministic mode (the RandOpt runtime turns it on) off for the decode step, and back as it was.
     Under it every KV-cache write (an index_put_) goes through a sort and every new tensor is filled with NaN
-    (docs/experiments.md, "The decode step under torch's deterministic mode").
+    (docs/experiments/the-decode-step-under-torch-s-deterministic-mode/).
     The step needs neither: each slot writes its own cache row once, so the writes cannot race, and its
     other ops (GEMMs under the runtime's cuBLAS workspace setting, our Triton kernels, SDPA's forward) are
     deterministic; the tests replay steps and compare bits."""

@@ -118,8 +118,8 @@ class Perturber(LaidOut):
         self._check_storage()
         if self.backend == "triton" and all(t.device.type == "cuda" for t in self.targets.values()):
             # One CUDA-graph replay of every tensor's launch (seed and σ read from device memory): the
-            # per-launch host overhead dominates the switch for many small tensors (docs/experiments.md,
-            # One Triton launch per tensor, without a CUDA graph).
+            # per-launch host overhead dominates the switch for many small tensors (docs/experiments/
+            # one-triton-launch-per-tensor-without-a-cuda-graph/).
             if self._graph is None:
                 from workflow_src.kernels.perturb import SwitchGraph
                 self._graph = SwitchGraph(self.base, self.targets, self.layout, scheme=self.scheme)

@@ -52,7 +52,7 @@ class StaticEngine:
         None: on a GPU, not on the CPU, where the embedded default's tokens stay those of a full batch).
         `trim_prefill`: SlotDecoder's (None: on a GPU, not on the CPU, for the same reason).
         `fused`, `packed`, `attention`, `launch`: SlotDecoder's options; None (the default) chooses, where the model is
-        on a GPU, fused, packed and `triton` (docs/experiments.md has what they were measured against),
+        on a GPU, fused, packed and `triton` (docs/experiments/ has what they were measured against),
         and on the CPU none of them and `sdpa` (the kernels would run in Triton's interpreter). Packing
         happens here, before anyone (a Perturber) holds the weights' storage.
         `seeds_per_step`: how many RandOpt seeds `generate_population` decodes together; each gets

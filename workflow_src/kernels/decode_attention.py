@@ -6,7 +6,7 @@ The static engine's decode step (engine/decoder.py) has, per slot, the query hea
 cache [slots, kv_heads, capacity, head_dim] filled up to that slot's position. Through SDPA it needs a
 boolean mask over a span of the cache and one CUDA graph per span, and cuDNN's kernel (a 64-row query tile
 for the 6-7 query heads that share a KV head) reads the cache at about a quarter of the memory bandwidth
-(docs/experiments.md, cuDNN's SDPA kernel for the decode attention). This kernel runs one program per
+(docs/experiments/cudnn-s-sdpa-kernel-for-the-decode-attention/). This kernel runs one program per
 (slot, KV head): the query heads sharing that KV head form the rows of one `tl.dot`, and the program streams
 that head's keys and values from position 0 to the slot's own position, read from device memory at run time,
 with an online softmax in fp32. No mask tensor, and no span: one captured graph serves every step.
@@ -15,8 +15,7 @@ with an online softmax in fp32. No mask tensor, and no span: one captured graph 
 among that many programs (flash-decoding: more programs streaming the cache at once), whose partial maxima,
 denominators and sums a second kernel combines in split order. The engine uses `DEFAULT_LAUNCH` (one split,
 32 keys per block, 4 warps, 3 stages): the fastest of 24 launches at every position on the H200
-(`bench/decode_attention.py`; docs/experiments.md, Other decode-attention launches, and splitting a slot's
-keys).
+(`bench/decode_attention.py`; docs/experiments/other-decode-attention-launches-and-splitting-a-slot-s-keys/).
 
 Not bit-equal to SDPA (another summation order and exp2 in place of exp); deterministic: no atomics, each
 output written by one program, the keys and splits visited in one fixed order, so the same inputs give the

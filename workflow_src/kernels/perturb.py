@@ -35,15 +35,15 @@ from workflow_src.noise import speedproof as noise
 from workflow_src.noise.schemes import signs_function
 
 # The launch the Perturber's graph uses: the fastest of bench/perturb.py's sweep of the `words` variant on the
-# H200, within a few per cent of 1024/2 and 4096/4 (docs/experiments.md, Per-tensor launches of the word
-# kernel, and other launches of the grouped one).
+# H200, within a few per cent of 1024/2 and 4096/4 (docs/experiments/
+# per-tensor-launches-of-the-word-kernel-and-other-launches-of/).
 BLOCK = 2048
 NUM_WARPS = 4
 # Same bits, different instructions: `hoisted` (_reconstruct_body: per program what a block shares),
 # `literal` (_reconstruct_body hashing each element's index word by word, as the spec reads), `words`
 # (_reconstruct_words_body for bf16 → bf16 whole blocks, the rest as `hoisted`; fewer integer instructions
 # per element by a SASS count, and the fastest on the H200: 7B shapes 8.8 ms against hoisted's 11.5;
-# docs/experiments.md, The `hoisted` and `literal` kernels as the default).
+# docs/experiments/the-hoisted-and-literal-kernels-as-the-default/).
 VARIANTS = ("hoisted", "literal", "words")
 DEFAULT_VARIANT = "words"
 _KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -424,7 +424,7 @@ class GroupedWords:
     """The word kernel over many bf16 tensors in one launch: launched a tensor at a time (their partial
     blocks apart), each launch costs a few µs (its start and its last wave's tail): on the H200 the switch
     of Qwen2.5-1.5B's 338 tensors took 2.43 ms against 1.73 grouped, 7B's 339 8.62 against 8.22
-    (docs/experiments.md, Per-tensor launches of the word kernel, and other launches of the grouped one).
+    (docs/experiments/per-tensor-launches-of-the-word-kernel-and-other-launches-of/).
     The table of the tensors (addresses, offsets, sizes) and each program's tensor live on the device, built
     once; the tensors must stay where they are while it is used."""
 

@@ -171,8 +171,8 @@ def _silu_mul_kernels(interpret: bool):
 BLOCK = 1024
 NUM_WARPS = 4
 # A decode step's few rows give too few programs of BLOCK columns to keep the SMs busy: half the block there
-# (128 × 37,888 in a CUDA graph: 5.81 µs against 6.75, docs/experiments.md "Other launches of the SiLU×up
-# and add + RMSNorm kernels"). Elementwise: the bits do not depend on the block.
+# (128 × 37,888 in a CUDA graph: 5.81 µs against 6.75, docs/experiments/
+# other-launches-of-the-silu-up-and-add-rmsnorm-kernels/). Elementwise: the bits do not depend on the block.
 SMALL_ROWS, SMALL_BLOCK = 256, 512
 
 

@@ -4,7 +4,7 @@ Under FSDP2 the baseline's every micro-batch backward ends in a reduce-scatter: 
 cast to the reduce dtype (fp32), averaged over the ranks (`ReduceOp.AVG`, FSDP2's choice for fp32 and bf16), and
 this rank's rows are stored as the sharded gradient, or added into it from the second micro-batch on. One
 backward for a whole (group, round) batch would reduce the sum of its micro-batches' gradients instead: another
-rounding (docs/experiments.md, One reduction of summed micro-batch gradients on 2 ranks).
+rounding (docs/experiments/one-reduction-of-summed-micro-batch-gradients-on-2-ranks/).
 `chunked_parameter_grads` already hands out each micro-batch's gradient of a parameter separately and in order;
 `reduce_scatter_accumulate` is the `accumulate` that reduces each one on its own, so every shard sees the
 baseline's additions in the baseline's order.

@@ -118,7 +118,8 @@ class Trainer:
             # An unpadded batch (every prompt one length) has no mask, and there production-mode SDPA picks cuDNN
             # attention, which builds an execution plan for each new key length: the first such generation took
             # ~4x a later one with the same shapes, a one-time cost that landed inside a timing window. Both
-            # sides run without it (deterministic runs exclude it anyway); docs/experiments.md.
+            # sides run without it (deterministic runs exclude it anyway);
+            # docs/experiments/cudnn-attention-in-the-trainer-s-generation/.
             torch.backends.cuda.enable_cudnn_sdp(False)
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
