@@ -109,14 +109,13 @@ def test_app_refuses_a_body_shorter_than_announced_and_answers_errors_in_json(mo
 
 
 def test_hostile_bodies_are_refused_without_holding_the_service():
-    """One sync worker (the `upstream` settings): a trickling body is cut at the body deadline with 408, so an
-    ordinary request waits about that long, not gunicorn's 30 s worker timeout; deeply nested JSON is a JSON
-    400 that the client does not retry."""
+    """One sync worker (the `upstream` settings): a trickling body is cut at the body deadline with 408 while an
+    ordinary request is answered; deeply nested JSON is a JSON 400 that the client does not retry."""
     from workflow_src.bench.reward_load import nested_json, slow_body
     with RewardService(workers=1, threads=1, startup_timeout_s=15, body_timeout_s=1.0) as svc:
         with ThreadPoolExecutor(1) as pool:
             slow = pool.submit(slow_body, svc.url, give_up_s=20)
-            time.sleep(0.3)                                  # the slow client holds the only worker now
+            time.sleep(0.3)                                  # the slow client is sending its body now
             t0 = time.monotonic()
             client = RewardClient(svc.url, timeout_s=10, retries=3, backoff_s=0.05, overlap=False)
             try:
@@ -246,11 +245,11 @@ def test_service_down_raises_with_url():
 def test_service_exit_leaves_no_process():
     with pytest.raises(KeyError):
         with RewardService(workers=2, threads=2, startup_timeout_s=15) as svc:
-            master = svc.pid
+            master, front = svc.pid, svc.front_pid
             workers = worker_pids(svc.url)
             assert workers and master not in workers
             raise KeyError("exception inside the context")
-    assert not alive(master)
+    assert not alive(master) and not alive(front)
     assert not any(alive(p) for p in workers)
 
 
@@ -276,52 +275,19 @@ def raw_exchange(url: str, data: bytes, timeout_s: float = 10.0) -> tuple[int, d
     return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, body
 
 
-def slow_headers(url: str, byte_every_s: float, give_up_s: float) -> int:
-    """A client that sends its request headers a byte at a time: the status it was answered, or 0 if none came
-    before `give_up_s`."""
-    import socket
-    host, port = url.removeprefix("http://").split(":")
-    request = b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Slow: " + b"a" * 200
-    deadline = time.monotonic() + give_up_s
-    with socket.create_connection((host, int(port)), timeout=give_up_s) as s:
-        s.settimeout(byte_every_s)
-        for i in range(len(request)):
-            if time.monotonic() > deadline:
-                return 0
-            try:
-                s.sendall(request[i:i + 1])
-                reply = s.recv(65536)
-            except TimeoutError:
-                continue
-            except OSError:
-                return 0
-            return int(reply.split()[1]) if reply else 0
-    return 0
-
-
-@pytest.mark.parametrize("threads", [1, 2])
-def test_slow_headers_do_not_hold_the_service(threads):
-    """One worker (sync with one thread, the `upstream` settings; gthread with two), as many clients sending their
-    headers a byte per 0.2 s as it has threads: each is answered a JSON 408 at the header deadline, so an
-    ordinary request waits about that long, not as long as the slow clients like (without the deadline: a sync
-    worker's 30 s worker timeout, a gthread thread for good)."""
-    with RewardService(workers=1, threads=threads, startup_timeout_s=15, header_timeout_s=1.0) as svc:
-        with ThreadPoolExecutor(threads) as pool:
-            slow = [pool.submit(slow_headers, svc.url, 0.2, 20) for _ in range(threads)]
-            time.sleep(0.5)                                  # the slow clients are sending their headers now
-            t0 = time.monotonic()
-            r = requests.post(f"{svc.url}/score", data=score_body(), timeout=10)
-            waited = time.monotonic() - t0
-            assert r.status_code == 200 and r.json()["rewards"] == expected()
-            assert waited < 5, waited
-            assert [s.result() for s in slow] == [408] * threads
-
-
-def test_gunicorns_own_errors_and_a_chunked_body_are_json():
-    """Every 4xx is JSON: a negative Content-Length and a bad request line (answered by gunicorn itself), and a
-    chunked body (411: the service needs the body's size before it reads it)."""
-    with RewardService(workers=1, threads=1, startup_timeout_s=15) as svc:
+def test_every_4xx_is_json():
+    """Every 4xx is JSON: the front's (a negative Content-Length, a bad request line, a chunked body: 411, the
+    service needs the body's size before it reads it; a Content-Length over the limit: 413; headers over 64 KiB:
+    431) and gunicorn's own behind it (414 for a request line over its 4094 bytes, which the front passes on)."""
+    with RewardService(workers=1, threads=1, startup_timeout_s=15, max_body_bytes=2000) as svc:
         body = score_body()
+        for raw_request, expected_status in [
+                (b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 3000\r\n\r\n", 413),
+                (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 431),
+                (b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 414)]:
+            status, headers, raw = raw_exchange(svc.url, raw_request)
+            assert status == expected_status and headers["content-type"] == "application/json"
+            assert json.loads(raw)["error"]
         negative = (b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\nConnection: close\r\n\r\n" + body)
         status, headers, raw = raw_exchange(svc.url, negative)
         assert status == 400 and headers["content-type"] == "application/json" and json.loads(raw)["error"]
@@ -332,3 +298,128 @@ def test_gunicorns_own_errors_and_a_chunked_body_are_json():
         status, headers, raw = raw_exchange(svc.url, chunked)
         assert status == 411 and headers["content-type"] == "application/json"
         assert "Content-Length" in json.loads(raw)["error"]
+
+
+class SlowClient:
+    """A client that sends a request a byte every 0.1 s (its headers, or, with `body`, its headers at once and then
+    a 4096-byte body), on a thread of its own, until `stop()`; it never reads, so what the service sent stays
+    unread on its socket for `probe`."""
+
+    def __init__(self, url: str, body: bool):
+        import socket
+        host, port = url.removeprefix("http://").split(":")
+        head = b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        self.trickled = (b"X-Slow: " + b"a" * 1000) if not body else b" " * 4096
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        if body:
+            self.sock.sendall(head + b"Content-Length: 4096\r\n\r\n")
+        self.sent = 0
+        self.started, self.stopped = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._trickle, daemon=True)
+        self.thread.start()
+
+    def _trickle(self):
+        for i in range(len(self.trickled)):
+            if self.stopped.is_set():
+                return
+            try:
+                self.sock.send(self.trickled[i:i + 1])
+            except OSError:
+                return
+            self.sent += 1
+            if self.sent == 3:
+                self.started.set()
+            time.sleep(0.1)
+
+    def probe(self) -> str:
+        """"open" while the service has neither answered nor closed this connection; else what it did."""
+        import select
+        import socket
+        if not select.select([self.sock], [], [], 0)[0]:  # the socket's timeout would make a recv wait
+            return "open"
+        try:
+            data = self.sock.recv(1, socket.MSG_PEEK)
+        except OSError as exc:
+            return f"reset ({exc})"
+        return "answered" if data else "closed"
+
+    def answer(self) -> tuple[int, dict]:
+        """The service's answer (read until it closes the connection)."""
+        reply = b""
+        while chunk := self.sock.recv(65536):
+            reply += chunk
+        head, _, body = reply.partition(b"\r\n\r\n")
+        return int(head.split()[1]), json.loads(body)
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join(timeout=5)
+        self.sock.close()
+
+
+@pytest.mark.parametrize("workers, threads, n, body", [
+    (1, 1, 1, False), (1, 1, 8, False), (1, 1, 8, True), (2, 2, 8, False)])
+def test_slow_clients_hold_no_worker(workers, threads, n, body):
+    """N clients sending their headers (or body) a byte at a time, N at least the service's workers × threads: an
+    ordinary request is answered while every slow client is still connected, neither answered nor cut off (by
+    state, not by a time); each slow client then gets its JSON 408 at the deadline. With `upstream`'s one sync
+    worker the slow clients would otherwise hold the whole service until their deadlines."""
+    with RewardService(workers=workers, threads=threads, startup_timeout_s=15, header_timeout_s=3.0,
+                       body_timeout_s=3.0) as svc:
+        slow = [SlowClient(svc.url, body) for _ in range(n)]
+        try:
+            assert all(c.started.wait(10) for c in slow)     # each has sent 3 bytes, and keeps sending
+            r = requests.post(f"{svc.url}/score", data=score_body(), timeout=15)
+            states = [c.probe() for c in slow]
+            assert r.status_code == 200 and r.json()["rewards"] == expected()
+            assert states == ["open"] * n
+            for c in slow:
+                status, doc = c.answer()
+                assert status == 408 and "did not arrive within 3 s" in doc["error"]
+        finally:
+            for c in slow:
+                c.stop()
+
+
+def test_front_keeps_a_connection_for_several_requests(service):
+    """Two requests on one connection, sent together: both answered in order; the first keeps the connection
+    (Connection: keep-alive), the second asked to close it."""
+    body = score_body()
+    one = b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    two = b"GET /health HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n"
+    status, headers, raw = raw_exchange(service.url, one + two)
+    first, _, rest = raw.partition(b"HTTP/1.1 200 OK\r\n")
+    assert status == 200 and headers["connection"] == "keep-alive" and json.loads(first)["rewards"] == expected()
+    head, _, second = rest.partition(b"\r\n\r\n")
+    assert b"Connection: close" in head and json.loads(second)["status"] == "ok"
+
+
+@pytest.mark.parametrize("head, status", [
+    (b"POST /score HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6", 400),
+    (b"POST /score HTTP/1.1\r\nContent-Length: +5", 400),
+    (b"POST /score HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked", 411),
+    (b"POST /score HTTP/1.1\r\nContent-Length: 1001", 413),
+    (b"POST /score HTTP/1.1\r\nHost : x", 400),
+    (b"POST /score HTTP/1.1\r\nHost: x\r\n folded", 400),
+    (b"POST /score HTTP/2.0\r\nHost: x", 400),
+    (b"POST  /score HTTP/1.1", 400),
+])
+def test_front_refuses_what_it_cannot_frame(head, status):
+    from workflow_src.subjects.reward.front import Request, _Refused
+    with pytest.raises(_Refused) as refused:
+        Request(head, max_body_bytes=1000)
+    assert refused.value.status == status
+
+
+def test_front_forwards_one_whole_request_per_connection():
+    from workflow_src.subjects.reward.front import Request, relayed_response
+    request = Request(b"POST /score HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\nContent-Length: 2\r\n"
+                      b"Content-Length: 2\r\nExpect: 100-continue\r\nX-A:  b ", max_body_bytes=1000)
+    assert request.length == 2 and request.keep_alive and request.expects_continue
+    assert request.forwarded(b"{}") == (b"POST /score HTTP/1.1\r\nHost: x\r\nX-A: b\r\nContent-Length: 2\r\n"
+                                        b"Connection: close\r\n\r\n{}")
+    assert not Request(b"GET /health HTTP/1.0\r\nHost: x", 1000).keep_alive
+    answer = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"
+    assert relayed_response(answer, True) == (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n"
+                                              b"\r\n{}", True)
+    assert relayed_response(answer.replace(b"Content-Length: 2\r\n", b""), True)[1] is False

@@ -58,6 +58,8 @@ def test_serve_runs_the_command_beside_a_service_and_stops_it(sections, tmp_path
     rec = json.loads(record.read_text())
     assert rec["service"] == "tuned" and rec["settings"]["workers"] == 2 and rec["command_exit_code"] == 0
     assert rec["gunicorn"] and rec["url"] == probe["url"]
+    assert rec["front"]["listens"] == probe["url"] and "front.py" in rec["front"]["kind"]
+    assert rec["front"]["header_timeout_s"] == rec["front"]["body_timeout_s"] == 5
     with pytest.raises(requests.ConnectionError):  # stopped with the command
         requests.get(probe["url"] + "/health", timeout=2)
 
@@ -125,6 +127,15 @@ def test_serve_sigkill_leaves_no_server(sections, tmp_path):
     while any(alive(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(alive(p) for p in workers)
+
+    def front_answers() -> bool:
+        try:
+            return requests.get(url + "/health", timeout=2) is not None
+        except requests.ConnectionError:
+            return False
+    while front_answers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not front_answers()  # the front went with it
 
 
 def test_serve_service_that_cannot_start_does_not_run_the_command(sections, tmp_path):
@@ -228,8 +239,7 @@ def test_load_no_lost_or_duplicated_responses(tmp_path):
 def test_load_with_slow_and_hostile_clients(tmp_path, workers, threads, hostile):
     """The `upstream` (one sync worker) and `tuned` (2 × 2 gthread) shapes under ordinary load plus clients that
     trickle a body in or send deeply nested JSON: each hostile request is refused (408, a JSON 400) and every
-    ordinary one is still answered right within 10 s (without the body deadline one trickling client holds a
-    sync worker for gunicorn's 30 s worker timeout)."""
+    ordinary one is still answered right within 10 s (the front reads the trickling body; no worker waits for it)."""
     out = tmp_path / "load.json"
     run_module("workflow_src.bench.reward_load", "--workers", str(workers), "--threads", str(threads), "--clients",
                "3", "--requests", "10", "--batch", "8", "--hostile", str(hostile), "--body-timeout-s", "1",

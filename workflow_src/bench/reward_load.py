@@ -4,9 +4,9 @@
         --batch 16 --out load.json [--omp-threads 1] [--task synthetic_arithmetic] \\
         [--hostile 2 --body-timeout-s 1 --timeout-s 10]
 
-Starts its own gunicorn on a free loopback port, sends bounded traffic (clients × requests, nothing
-else), checks that every response carries its own request id and the rewards the in-process grader
-gives, and writes throughput (requests/s, completions/s) and latency percentiles (p50, p90, p99, max).
+Starts its own service (RewardService: the front and gunicorn's workers) on a free loopback port, sends bounded
+traffic (clients × requests, nothing else), checks that every response carries its own request id and the rewards
+the in-process grader gives, and writes throughput (requests/s, completions/s) and latency percentiles (p50, p90, p99, max).
 With --hostile N, N more clients each send, during the load, one body that trickles in a byte at a time
 (it must be refused with 408 once the service's body deadline passes) and one deeply nested JSON body (400,
 a JSON message): the ordinary clients must still be answered within --timeout-s.

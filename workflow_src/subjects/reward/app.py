@@ -134,7 +134,8 @@ def score(task: str, completions: list[str], answers: list[str]) -> dict[str, li
 
 def create_app(max_body_bytes: int = 1_000_000, body_timeout_s: float | None = 5.0, scorer: str | None = None):
     """The reward service's WSGI callable; bodies over `max_body_bytes` are refused with 413, bodies that have
-    not arrived whole after `body_timeout_s` with 408. Every answer is JSON, errors included. `scorer`: the
+    not arrived whole after `body_timeout_s` with 408 (None behind the service's front, which hands the workers
+    only whole bodies). Every answer is JSON, errors included. `scorer`: the
     JSON of a resolved `reward.scorer` section, for the model kind (loaded here, in each worker, so a worker
     that cannot hold its model fails to boot and the service never becomes healthy)."""
     if max_body_bytes < 1:

@@ -3,11 +3,12 @@
     python -m workflow_src.subjects.reward.serve --reward-section results/config/reward.json --service tuned \\
         [--python PY | --python-from results/env/reward_environment.json] [--record FILE] -- COMMAND ...
 
-Starts gunicorn on a free loopback port with the named service settings (`reward.services.NAME`),
-waits for /health, runs COMMAND with SPEEDPROOF_REWARD_URL pointing at it, and stops the service
-when COMMAND ends — on success, failure, SIGTERM or SIGINT alike. The exit status is COMMAND's
+Starts the service with the named settings (`reward.services.NAME`), gunicorn's workers behind the buffering
+front (front.py) on a free loopback port, waits for /health, runs COMMAND with SPEEDPROOF_REWARD_URL pointing at
+it, and stops the service when COMMAND ends — on success, failure, SIGTERM or SIGINT alike. The exit status is COMMAND's
 (1 when the service never became healthy: COMMAND is then not run). `--record` writes what ran:
-the settings, the URL, the interpreter, gunicorn's version and the service's lifetime.
+the settings, the URL, how the service is fronted, the interpreter, gunicorn's version and the service's
+lifetime.
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.record:
             atomic_write_json(args.record, {
                 "service": args.service, "settings": settings, "kind": section["kind"],
-                "scorer": section["scorer"] if section["kind"] == "model" else None, "url": url, "python": python,
+                "scorer": section["scorer"] if section["kind"] == "model" else None, "url": url,
+                "front": svc.front_record() if url else None, "python": python,
                 "gunicorn": gunicorn_version(python), "started_unix": started, "stopped_unix": time.time(),
                 "command_exit_code": rc})
 

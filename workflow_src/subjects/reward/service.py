@@ -1,16 +1,20 @@
-"""Run the reward service under gunicorn on loopback, as a context manager.
+"""Run the reward service on loopback, as a context manager: gunicorn's workers behind the front (front.py).
 
-The server gets its own process group (session); leaving the context, normally or on an exception,
-terminates that whole group (SIGTERM, then SIGKILL after a grace period), so no worker is orphaned.
-On Linux the master also gets SIGTERM when the process that started it dies (PR_SET_PDEATHSIG), so
-even a SIGKILLed launcher leaves no server behind (gunicorn's workers exit with their master).
+gunicorn serves the app on a unix socket in a private directory (mode 0700); the front listens on the loopback
+port, reads each request whole within the header and body deadlines, and hands it to gunicorn there. Each of the
+two gets its own process group (session); leaving the context, normally or on an exception, terminates both groups
+(SIGTERM, then SIGKILL after a grace period), so no worker is orphaned. On Linux both also get SIGTERM when the
+process that started them dies (PR_SET_PDEATHSIG), so even a SIGKILLed launcher leaves no server behind
+(gunicorn's workers exit with their master).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,7 +25,8 @@ from pathlib import Path
 
 import requests
 
-from workflow_src.subjects.reward.worker import HEADER_TIMEOUT_VARIABLE, worker_class
+from workflow_src.subjects.reward.front import LINGER_S, MAX_CONNECTIONS, MAX_HEAD_BYTES
+from workflow_src.subjects.reward.worker import worker_class
 
 REPO = Path(__file__).resolve().parents[3]
 _PR_SET_PDEATHSIG = 1
@@ -70,6 +75,8 @@ class RewardService:
         self.stop_timeout_s = stop_timeout_s
         self.worker_timeout_s = worker_timeout_s
         self._proc: subprocess.Popen | None = None
+        self._front: subprocess.Popen | None = None
+        self._dir: str | None = None
         self._log = None
 
     @property
@@ -85,6 +92,21 @@ class RewardService:
             raise RuntimeError("reward service not started")
         return self._proc.pid
 
+    @property
+    def front_pid(self) -> int:
+        """The front's pid (also its process group id)."""
+        if self._front is None:
+            raise RuntimeError("reward service not started")
+        return self._front.pid
+
+    def front_record(self) -> dict:
+        """How the service is fronted, for its record (reward_service.json)."""
+        return {"kind": "buffering front (workflow_src/subjects/reward/front.py, asyncio)",
+                "listens": self.url, "workers_at": "gunicorn on a private unix socket",
+                "header_timeout_s": self.header_timeout_s, "body_timeout_s": self.body_timeout_s,
+                "max_body_bytes": self.max_body_bytes, "max_head_bytes": MAX_HEAD_BYTES,
+                "max_connections": MAX_CONNECTIONS, "linger_s": LINGER_S}
+
     def _log_tail(self, n: int = 4000) -> str:
         if self._log is None:
             return ""
@@ -97,31 +119,41 @@ class RewardService:
             raise RuntimeError("reward service already started")
         if self.port is None:
             self.port = free_port(self.host)
-        cmd = [self.python, "-m", "gunicorn",
-               "--bind", f"{self.host}:{self.port}",
-               "--workers", str(self.workers), "--threads", str(self.threads),
-               # gunicorn's sync / gthread worker as the setting asks, with a deadline on the request headers
-               "--worker-class", worker_class(self.threads),
-               "--timeout", str(self.worker_timeout_s), "--graceful-timeout", "3",
-               "--chdir", str(REPO), "--log-level", "warning",
-               f"workflow_src.subjects.reward.app:create_app(max_body_bytes={int(self.max_body_bytes)}, "
-               f"body_timeout_s={self.body_timeout_s!r}"
-               + (f", scorer={json.dumps(self.scorer, sort_keys=True)!r})" if self.scorer is not None else ")")]
+        self._dir = tempfile.mkdtemp(prefix="speedproof-reward-")  # mode 0700: only this user reaches the workers
+        backend = str(Path(self._dir) / "gunicorn.sock")
+        # the app's own body deadline is off: the front hands the workers whole requests
+        gunicorn = [self.python, "-m", "gunicorn",
+                    "--bind", f"unix:{backend}",
+                    "--workers", str(self.workers), "--threads", str(self.threads),
+                    # gunicorn's sync / gthread worker as the setting asks, with JSON errors
+                    "--worker-class", worker_class(self.threads),
+                    "--timeout", str(self.worker_timeout_s), "--graceful-timeout", "3",
+                    "--chdir", str(REPO), "--log-level", "warning",
+                    f"workflow_src.subjects.reward.app:create_app(max_body_bytes={int(self.max_body_bytes)}, "
+                    f"body_timeout_s=None"
+                    + (f", scorer={json.dumps(self.scorer, sort_keys=True)!r})" if self.scorer is not None else ")")]
+        front = [self.python, "-m", "workflow_src.subjects.reward.front", "--host", self.host, "--port",
+                 str(self.port), "--backend", backend, "--max-body-bytes", str(int(self.max_body_bytes))]
+        for flag, value in (("--header-timeout-s", self.header_timeout_s), ("--body-timeout-s", self.body_timeout_s)):
+            if value is not None:
+                front += [flag, repr(float(value))]
         env = {**os.environ}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-        env[HEADER_TIMEOUT_VARIABLE] = "" if self.header_timeout_s is None else repr(float(self.header_timeout_s))
         if self.omp_threads is not None:  # the reference caps each worker's OpenMP/MKL pools
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.omp_threads)
         self._log = tempfile.TemporaryFile()
-        self._proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
-                                      stderr=subprocess.STDOUT, start_new_session=True,
-                                      preexec_fn=_die_with_parent)
         try:
+            self._proc = self._spawn(gunicorn, env)
+            self._front = self._spawn(front, env)
             self._wait_healthy()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _spawn(self, cmd: list[str], env: dict) -> subprocess.Popen:
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
+                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
 
     def _wait_healthy(self) -> None:
         """Until /health answers; with a scorer, until every worker has answered (each loads its own model, and
@@ -130,10 +162,11 @@ class RewardService:
         last_error: Exception | None = None
         seen: set[int] = set()
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RewardServiceStartError(
-                    f"gunicorn exited with {self._proc.returncode} before {self.url}/health answered:\n"
-                    f"{self._log_tail()}")
+            for name, proc in (("gunicorn", self._proc), ("the front", self._front)):
+                if proc.poll() is not None:
+                    raise RewardServiceStartError(
+                        f"{name} exited with {proc.returncode} before {self.url}/health answered:\n"
+                        f"{self._log_tail()}")
             try:
                 r = requests.get(f"{self.url}/health", timeout=1.0)
                 if r.status_code == 200 and r.json().get("status") == "ok":
@@ -150,22 +183,22 @@ class RewardService:
             f"(last error: {last_error}); process group killed. Server log:\n{self._log_tail()}")
 
     def stop(self) -> None:
-        """Terminate the whole process group; SIGKILL whatever is left after `stop_timeout_s`."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            try:
+        """Terminate both process groups; SIGKILL whatever is left after `stop_timeout_s`."""
+        procs = [p for p in (self._front, self._proc) if p is not None]
+        self._front = self._proc = None
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.wait(timeout=self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
-            try:  # workers, even if the master is already gone
+        deadline = time.monotonic() + self.stop_timeout_s
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            with contextlib.suppress(ProcessLookupError):  # workers, even if the master is already gone
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.wait()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
         if self._log is not None:
             self._log.close()
             self._log = None
