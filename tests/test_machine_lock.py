@@ -1,15 +1,18 @@
 """The machine lock (workflow_src/provenance/machine_lock.py): a timed launch runs alone or refuses, naming who
 holds the machine; orphans are named; the foreign load of a launch is recorded and makes its comparison
 inconclusive past speedup.foreign_share_max."""
+import contextlib
 import json
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -17,6 +20,7 @@ import yaml
 from conftest import REPO, run_module
 from test_protocol_launch import launch, ok, paired, subject
 
+from workflow_src.provenance import machine_lock
 from workflow_src.provenance.atomic import BuildInProgress, atomic_directory
 from workflow_src.provenance.hashing import sha256_file
 from workflow_src.provenance.machine_lock import (
@@ -150,7 +154,7 @@ def test_a_launch_records_the_foreign_load_and_hands_the_lock_to_its_subject(tmp
     assert load["foreign_share"] == foreign_share(load["foreign_cpu_seconds"], load["wall_seconds"], load["cpus"])
     assert isinstance(load["top_processes"], list)
     gpus = load["gpu_processes"]
-    assert gpus["start"] == gpus["stop"] == "not available (pynvml is not installed)" or isinstance(gpus["start"], list)
+    assert gpus == "not available (pynvml is not installed)" or isinstance(gpus["processes"], list)
 
 
 def test_foreign_cpu_time_counts_another_process(tmp_path, stop):
@@ -164,6 +168,110 @@ def test_foreign_cpu_time_counts_another_process(tmp_path, stop):
     doc = load.stop()
     # the burner is our child but not waited for: its CPU time is not in our own, so it counts as foreign
     assert doc["foreign_cpu_seconds"] >= 0.3 - 0.05 * doc["cpus"]
+
+
+class FakeNvml:
+    """NVML with one GPU whose process list the test sets; it counts the lists read."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, listed=()):
+        self.listed, self.reads, self.fail = list(listed), 0, False
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        self.reads += 1
+        if self.fail:
+            raise self.NVMLError("GPU is lost")
+        return [SimpleNamespace(pid=pid, usedGpuMemory=memory) for pid, memory in self.listed]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle):
+        return []
+
+
+def reads_more(nvml: FakeNvml, n: int = 2, timeout_s: float = 5.0) -> None:
+    """Wait until the GPUs' processes were listed `n` more times (or `timeout_s` passed: then they were not)."""
+    target, deadline = nvml.reads + n, time.monotonic() + timeout_s
+    while nvml.reads < target and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def stranger():
+    """A process of no kin to this one (neither ancestor nor descendant): a sleep its shell left behind."""
+    out = subprocess.run(["sh", "-c", f"sleep {HOLD_S} >/dev/null 2>&1 & echo $!"], capture_output=True, text=True,
+                         check=True, start_new_session=True)
+    pid = int(out.stdout)
+    yield pid
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_a_gpu_process_seen_only_mid_launch_makes_the_launch_inconclusive(monkeypatch, stranger):
+    """A foreign process on a GPU after the launch's start and gone before its end is recorded (pid, command, memory,
+    first and last seen) and makes the comparison inconclusive, as a CPU share past the threshold does; our own
+    process on the GPU is not foreign."""
+    nvml = FakeNvml([(os.getpid(), 1 << 30)])
+    monkeypatch.setattr(machine_lock, "pynvml", nvml)
+    monkeypatch.setattr(machine_lock, "GPU_SAMPLE_S", 0.05, raising=False)
+    load = ForeignLoad()
+    load.start()
+    nvml.listed.append((stranger, 512 << 20))
+    reads_more(nvml)
+    nvml.listed.pop()
+    reads_more(nvml)
+    doc = load.stop()
+    gpus = doc["gpu_processes"]
+    assert f'"pid": {stranger},' in json.dumps(gpus)  # seen at all (sampled at start and end only, it is not)
+    assert gpus["foreign_seen"] is True and gpus["interval_s"] == 0.05 and gpus["samples"] >= 4
+    [seen] = gpus["processes"]
+    assert (seen["gpu"], seen["pid"], seen["memory_bytes"], seen["visible"], seen["counted"]) == (
+        0, stranger, 512 << 20, True, True)
+    assert "sleep" in seen["command"] and 0 < seen["first_seen_s"] <= seen["last_seen_s"] < doc["wall_seconds"]
+    [why] = foreign_load_reasons({"opt": {"machine": {"foreign_load": {**doc, "foreign_share": 0.0}}}}, 0.10)
+    assert why["status"] == INCONCLUSIVE and why["text"].startswith(
+        f"inconclusive: launch opt shared the machine's GPUs: other processes ran on them during it: pid {stranger} "
+        f"(sleep {HOLD_S}) on GPU 0, 512 MiB, seen ")
+    assert foreign_load_reasons({"opt": {"machine": {"foreign_load": doc}}}, None) == []
+
+
+def test_which_gpu_processes_count(monkeypatch):
+    """A pid this namespace cannot see counts when it was on a GPU before the subject started, not when it appears
+    later (in a container it may be the launch's own); a failed read is recorded; without NVML the record says
+    "not available" and the GPUs judge nothing."""
+    invisible = 2**22 + 1  # above Linux's largest pid
+    nvml = FakeNvml([(invisible, None)])
+    monkeypatch.setattr(machine_lock, "pynvml", nvml)
+    monkeypatch.setattr(machine_lock, "GPU_SAMPLE_S", 0.05)
+    watch = machine_lock.GpuWatch()
+    watch.start()
+    nvml.listed = [(invisible + 1, 2048)]
+    reads_more(nvml)
+    nvml.fail = True
+    reads_more(nvml)
+    nvml.fail = False
+    gpus = watch.stop()
+    assert [(p["pid"], p["visible"], p["counted"], p["command"]) for p in gpus["processes"]] == [
+        (invisible, False, True, None), (invisible + 1, False, False, None)]
+    assert gpus["foreign_seen"] is True and gpus["errors"][0] == "GPU is lost"
+    monkeypatch.setattr(machine_lock, "pynvml", None)
+    load = ForeignLoad()
+    load.start()
+    doc = load.stop()
+    assert doc["gpu_processes"] == "not available (pynvml is not installed)"
+    assert foreign_load_reasons({"A": {"machine": {"foreign_load": {**doc, "foreign_share": 0.0}}}}, 0.10) == []
 
 
 def test_foreign_load_reasons_name_each_launch_past_the_threshold():

@@ -31,6 +31,7 @@ import shlex
 import socket
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -271,34 +272,98 @@ def _process_seconds(exclude: set[int]) -> dict[int, tuple[float, float, str]]:
     return out
 
 
-def gpu_processes(exclude: set[int]) -> list[dict[str, Any]] | str:
-    """Other processes on the GPUs (NVML), or why that is not known."""
-    if pynvml is None:
-        return "not available (pynvml is not installed)"
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        return f"not available (NVML: {e})"
-    try:
-        found = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            for proc in (pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                         + pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle)):
-                if proc.pid in exclude:
-                    continue
+GPU_SAMPLE_S = 1.0  # how often a launch lists the processes on the machine's GPUs (NVML)
+
+
+def _nvml_processes() -> list[tuple[int, int, int | None]]:
+    """(GPU index, pid, used memory in bytes or None) of every process NVML lists on the machine's GPUs."""
+    found = []
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        for proc in (pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                     + pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle)):
+            found.append((index, proc.pid, proc.usedGpuMemory))
+    return found
+
+
+class GpuWatch:
+    """The processes other than ours on the machine's GPUs through an interval: NVML's list read at start(), every
+    `GPU_SAMPLE_S` on a thread of its own, and at stop(), so a process that comes and goes between the launch's
+    start and end is seen too.
+
+    A process counts as foreign (`counted`) when this pid namespace sees it and it is not this process, an
+    ancestor or a descendant; or when it was listed at start(), before the subject began (nothing of the launch is
+    on a GPU then). A pid this namespace cannot see that first appears later is listed but not counted: in a
+    container NVML gives the host's pids, the launch's own among them, and the two cannot be told apart."""
+
+    def start(self) -> None:
+        self._t0 = time.monotonic()
+        self._stopped = threading.Event()
+        self._thread = None
+        self.samples, self.errors = 0, []
+        self.seen: dict[tuple[int, int], dict[str, Any]] = {}
+        if pynvml is None:
+            self.unavailable = "not available (pynvml is not installed)"
+            return
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            self.unavailable = f"not available (NVML: {e})"
+            return
+        self.unavailable = None
+        self.interval_s = GPU_SAMPLE_S
+        self._family = _own_family()
+        self.sample(before_subject=True)
+        self._thread = threading.Thread(target=self._run, name="speedproof-gpu-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.interval_s):
+            self.sample()
+
+    def sample(self, before_subject: bool = False) -> None:
+        try:
+            listed = _nvml_processes()
+        except pynvml.NVMLError as e:
+            self.errors.append(str(e))
+            return
+        at = round(time.monotonic() - self._t0, 3)
+        if not before_subject and any(pid not in self._family and (gpu, pid) not in self.seen
+                                            for gpu, pid, _ in listed):
+            self._family = _own_family()  # the subject and its children started after start()
+        for gpu, pid, memory in listed:
+            if pid in self._family:
+                continue
+            entry = self.seen.get((gpu, pid))
+            if entry is None:
                 try:
-                    command = _command(psutil.Process(proc.pid))
+                    command, visible = _command(psutil.Process(pid)), True
                 except psutil.Error:
-                    command = "?"
-                found.append({"gpu": index, "pid": proc.pid, "command": command,
-                              "memory_bytes": proc.usedGpuMemory})
-        return found
-    except pynvml.NVMLError as e:
-        return f"not available (NVML: {e})"
-    finally:
+                    command, visible = None, False
+                entry = self.seen[gpu, pid] = {
+                    "gpu": gpu, "pid": pid, "command": command, "visible": visible, "memory_bytes": memory,
+                    "first_seen_s": at, "last_seen_s": at, "samples": 0,
+                    "counted": visible or before_subject}
+            if memory is not None:
+                entry["memory_bytes"] = max(entry["memory_bytes"] or 0, memory)
+            entry["last_seen_s"] = at
+            entry["samples"] += 1
+        self.samples += 1
+
+    def stop(self) -> dict[str, Any] | str:
+        """The record: "not available (...)" without NVML; else the sampling, every process seen (GPU, pid,
+        command, visible, most memory used, first and last seen in seconds from start(), samples, counted) and
+        whether any counted one was seen."""
+        if self.unavailable:
+            return self.unavailable
+        self._stopped.set()
+        self._thread.join()
+        self.sample()
         with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
+        processes = sorted(self.seen.values(), key=lambda e: (e["first_seen_s"], e["gpu"], e["pid"]))
+        return {"interval_s": self.interval_s, "samples": self.samples, "errors": self.errors[:5],
+                "foreign_seen": any(e["counted"] for e in processes), "processes": processes}
 
 
 def foreign_share(foreign_cpu_s: float, wall_s: float, cpus: int) -> float:
@@ -310,8 +375,8 @@ class ForeignLoad:
     """What other processes did while a launch ran: start() before the subject, stop() once it was waited for.
 
     Foreign CPU time = the machine's busy CPU time over the launch minus this process's and its waited-for
-    children's; the processes that used most of it are named, and NVML's GPU processes other than ours listed
-    (at start and at stop)."""
+    children's; the processes that used most of it are named, and the GPUs' processes other than ours are listed
+    as GpuWatch samples them through the launch."""
 
     def start(self) -> None:
         family = _own_family()
@@ -319,7 +384,8 @@ class ForeignLoad:
         self._busy0, self._steal0 = _busy_seconds()
         self._own0 = _own_seconds()
         self._procs0 = _process_seconds(family)
-        self._gpu0 = gpu_processes(family)
+        self._gpus = GpuWatch()
+        self._gpus.start()
 
     def stop(self) -> dict[str, Any]:
         wall = time.monotonic() - self._t0
@@ -342,7 +408,7 @@ class ForeignLoad:
         return {"wall_seconds": wall, "cpus": cpus, "own_cpu_seconds": own, "foreign_cpu_seconds": foreign,
                 "steal_seconds": max(0.0, steal - self._steal0),
                 "foreign_share": foreign_share(foreign, wall, cpus), "top_processes": used[:TOP_FOREIGN],
-                "gpu_processes": {"start": self._gpu0, "stop": gpu_processes(family)}}
+                "gpu_processes": self._gpus.stop()}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,8 +17,8 @@ refuses to start unless it exists, belongs to that launch of the same triple, su
 before now. ``--mode`` records how the command was composed (production, or deterministic: the subject was
 given --deterministic); the paired result refuses to mix modes. The launch holds the machine lock alone
 (``--lock``, provenance.machine_lock): it refuses to start while anything else of the project holds it, naming
-it; the subject inherits the lock, and meta.json records the foreign load (other processes' CPU time, GPU
-processes) over the run. Stale staging directories of killed earlier tries of the same launch are removed when it
+it; the subject inherits the lock, and meta.json records the foreign load (other processes' CPU time; the
+processes on the GPUs, listed every GPU_SAMPLE_S) over the run. Stale staging directories of killed earlier tries of the same launch are removed when it
 starts; a live one (an orphaned try) makes it refuse. Checks after the run:
 exit status 0, then the log has exactly steps 0..N-1 on every rank (see steplog). Any failure: exit status 1,
 a message naming the launch (and step), and no output directory.
@@ -244,6 +244,10 @@ def run_launch(args: argparse.Namespace) -> dict[str, Any]:
         print(f"launch {launch}: other processes used {foreign['foreign_share']:.1%} of the machine's CPU time "
               f"({foreign['foreign_cpu_seconds']:.1f} CPU s over {foreign['wall_seconds']:.1f} s × "
               f"{foreign['cpus']} CPUs)", file=sys.stderr, flush=True)
+        gpus = foreign["gpu_processes"]
+        if isinstance(gpus, dict) and gpus["foreign_seen"]:
+            print(f"launch {launch}: other processes ran on the GPUs during it: "
+                  f"{', '.join(str(p['pid']) for p in gpus['processes'] if p['counted'])}", file=sys.stderr, flush=True)
         if rc != 0:
             step = failure_step(staging, args.log_file, args.log_format, args.log_pattern)
             how = ("timed out after {:g} s".format(args.timeout_s) if rc is None else

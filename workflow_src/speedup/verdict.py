@@ -48,10 +48,18 @@ def bitwise_reason(bitwise: Mapping[str, Any] | None) -> dict[str, str] | None:
     return reason("bitwise", NOT_COUNTED, f"does not count: {bitwise['reason']}")
 
 
+def _gpu_process(p: Mapping[str, Any]) -> str:
+    memory = "" if p["memory_bytes"] is None else f", {p['memory_bytes'] / 2**20:.0f} MiB"
+    return (f"pid {p['pid']} ({(p['command'] or 'not visible in this pid namespace')[:80]}) on GPU {p['gpu']}"
+            f"{memory}, seen {p['first_seen_s']:.1f}–{p['last_seen_s']:.1f} s into the launch")
+
+
 def foreign_load_reasons(launches: Mapping[str, Mapping[str, Any]], max_share: float | None) -> list[dict[str, str]]:
     """The machine check (docs/protocol.md, One machine): each launch whose other processes used more than
-    `max_share` of the machine's CPU time (its meta.json's machine.foreign_load), or that recorded none, makes the
-    headline inconclusive; None: no check."""
+    `max_share` of the machine's CPU time (its meta.json's machine.foreign_load), during which another process was
+    seen on one of the machine's GPUs, or that recorded no foreign load, makes the headline inconclusive; None: no
+    check. A GPU process counts whatever its size: the machine lock keeps every GPU of the machine from the
+    project's other jobs during a timed launch, and NVML gives no share of a GPU's time to hold against a bound."""
     if max_share is None:
         return []
     found = []
@@ -60,12 +68,20 @@ def foreign_load_reasons(launches: Mapping[str, Mapping[str, Any]], max_share: f
         if load is None:
             found.append(reason("foreign load", INCONCLUSIVE, f"inconclusive: launch {name} recorded no foreign load "
                                                               "(it ran without the machine lock)"))
-        elif load["foreign_share"] > max_share:
+            continue
+        if load["foreign_share"] > max_share:
             top = ", ".join(f"pid {p['pid']} {p['cpu_seconds']:.1f} CPU s ({p['command'][:80]})"
                             for p in load["top_processes"][:3])
             found.append(reason("foreign load", INCONCLUSIVE, f"inconclusive: launch {name} shared the machine: other "
                                 f"processes used {load['foreign_share']:.1%} of its CPU time, more than "
                                 f"speedup.foreign_share_max ({max_share:.1%})" + (f"; most: {top}" if top else "")))
+        gpus = load.get("gpu_processes")
+        if isinstance(gpus, Mapping) and gpus.get("foreign_seen"):
+            counted = [p for p in gpus["processes"] if p["counted"]]
+            found.append(reason("foreign load", INCONCLUSIVE, f"inconclusive: launch {name} shared the machine's "
+                                f"GPUs: other processes ran on them during it: "
+                                + "; ".join(_gpu_process(p) for p in counted[:3])
+                                + (f" and {len(counted) - 3} more" if len(counted) > 3 else "")))
     return found
 
 
