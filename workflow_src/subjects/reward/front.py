@@ -30,8 +30,8 @@ import re
 import signal
 
 MAX_HEAD_BYTES = 65536
-# Below gunicorn's listen backlog (2048), so every request the front forwards finds a place in gunicorn's queue;
-# gunicorn's own default for an event-loop worker's connections.
+# gunicorn's default worker_connections; below its listen backlog (2048), so every request the front forwards finds a
+# place in gunicorn's queue.
 MAX_CONNECTIONS = 1000
 # How long, after an error answer, the front reads and drops what the client still sends before it closes.
 LINGER_S = 2.0
@@ -111,7 +111,7 @@ def relayed_response(raw: bytes, keep_alive: bool) -> tuple[bytes, bool]:
 
 
 class Front:
-    """The front of one service: `await Front(...).serve(host, port)`."""
+    """The front of one service: `await Front(backend, ...).serve(host, port, stop)` serves until `stop` is set."""
 
     def __init__(self, backend: str, header_timeout_s: float | None = 5.0, body_timeout_s: float | None = 5.0,
                  max_body_bytes: int = 1_000_000):
