@@ -52,7 +52,7 @@ def test_the_realistic_presets_bitwise_runs_share_an_h100_two_at_once(tmp_path):
     proc = plan(tmp_path, fake_card(tmp_path, H100), 38)
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = [block for block in proc.stdout.split("\nrule ") if block.startswith("deterministic_run:")]
-    assert len(runs) == 4
+    assert len(runs) == 5  # baseline, its repeat, optimized and the two controls
     for block in runs:
         resources = block.split("resources:")[1].splitlines()[0]
         assert "gpu=0," in resources and "gpu_share=45" in resources  # two at once, no timed job beside them
