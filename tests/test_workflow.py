@@ -77,10 +77,11 @@ def test_gpu_preset_plans_the_rl_evidence_only(tmp_path, preset):
                            str(tmp_path), "rl_evidence", "--configfile", str(preset), "-n", "--cores", "2"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert jobs_planned(proc) == {"config_section": 12, "environment": 1, "reward_environment": 1, "checkpoint": 1,
+    # the bitwise runs: baseline, its repeat, optimized and the two controls (reordering, one ulp)
+    assert jobs_planned(proc) == {"config_section": 13, "environment": 1, "reward_environment": 1, "checkpoint": 1,
                                   "operator_checks": 1, "speedup_launch": 1, "speedup_next_launch": 2,
                                   "paired_speedup": 1,
-                                  "deterministic_run": 4, "bitwise_compare": 3, "bitwise_summary": 1,
+                                  "deterministic_run": 5, "bitwise_compare": 4, "bitwise_summary": 1,
                                   "rl_evidence_record": 1, "operator_evidence_record": 1, "claims_append": 2,
                                   "rl_evidence": 1}
     assert "--source random" in proc.stdout and "--scale real --device cuda" in proc.stdout

@@ -119,6 +119,9 @@ class Front:
         self.header_timeout_s, self.body_timeout_s = header_timeout_s, body_timeout_s
         self.max_body_bytes = max_body_bytes
         self.connections = 0
+        # The loop holds only weak references to tasks: a connection's task waiting on a future nothing else
+        # holds would be collected mid-await ("Task was destroyed but it is pending!").
+        self._tasks: set[asyncio.Task] = set()
 
     async def serve(self, host: str, port: int, stop: asyncio.Event) -> None:
         server = await asyncio.start_server(self.connection, host, port, limit=MAX_HEAD_BYTES, backlog=2048)
@@ -126,6 +129,9 @@ class Front:
             await stop.wait()
 
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         self.connections += 1
         try:
             if self.connections > MAX_CONNECTIONS:
@@ -139,8 +145,9 @@ class Front:
         finally:
             self.connections -= 1
             writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+            with contextlib.suppress(ConnectionError, TimeoutError):
+                async with asyncio.timeout(LINGER_S):  # a peer that vanished mid-close must not park the task
+                    await writer.wait_closed()
 
     async def read_head(self, reader: asyncio.StreamReader) -> bytes | None:
         """The next request's head; None when the client closes, or sends nothing by the header deadline, between

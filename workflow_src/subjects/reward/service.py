@@ -77,7 +77,8 @@ class RewardService:
         self._proc: subprocess.Popen | None = None
         self._front: subprocess.Popen | None = None
         self._dir: str | None = None
-        self._log = None
+        self._log = None  # gunicorn's output
+        self._front_log = None  # the front's, apart: a dead worker's message is never buried under the front's
 
     @property
     def url(self) -> str:
@@ -108,11 +109,17 @@ class RewardService:
                 "max_connections": MAX_CONNECTIONS, "linger_s": LINGER_S}
 
     def _log_tail(self, n: int = 4000) -> str:
-        if self._log is None:
-            return ""
-        self._log.flush()
-        self._log.seek(0)
-        return self._log.read().decode("utf-8", "replace")[-n:]
+        """The end of gunicorn's output, then of the front's."""
+        tails = []
+        for name, log in (("gunicorn", self._log), ("front", self._front_log)):
+            if log is None:
+                continue
+            log.flush()
+            log.seek(0)
+            text = log.read().decode("utf-8", "replace")[-n:]
+            if text.strip():
+                tails.append(f"[{name}]\n{text}")
+        return "\n".join(tails)
 
     def start(self) -> "RewardService":
         if self._proc is not None:
@@ -141,18 +148,18 @@ class RewardService:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
         if self.omp_threads is not None:  # the reference caps each worker's OpenMP/MKL pools
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.omp_threads)
-        self._log = tempfile.TemporaryFile()
+        self._log, self._front_log = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         try:
-            self._proc = self._spawn(gunicorn, env)
-            self._front = self._spawn(front, env)
+            self._proc = self._spawn(gunicorn, env, self._log)
+            self._front = self._spawn(front, env, self._front_log)
             self._wait_healthy()
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _spawn(self, cmd: list[str], env: dict) -> subprocess.Popen:
-        return subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
+    def _spawn(self, cmd: list[str], env: dict, log) -> subprocess.Popen:
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
 
     def _wait_healthy(self) -> None:
@@ -199,9 +206,10 @@ class RewardService:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        for log in (self._log, self._front_log):
+            if log is not None:
+                log.close()
+        self._log = self._front_log = None
 
     def __enter__(self) -> "RewardService":
         return self.start()
