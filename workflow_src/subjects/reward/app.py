@@ -9,15 +9,12 @@ kind (`scorer.py`) adds a scorer's forward over each completion's token ids (`co
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
-import threading
 
 from workflow_src.tasks.registry import TASKS
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             411: "Length Required", 413: "Payload Too Large", 500: "Internal Server Error"}
 
 
@@ -35,10 +32,9 @@ def _respond(start_response, status: int, payload: dict, extra_headers: list | N
     return [body]
 
 
-def _read_body(environ, max_body_bytes: int, body_timeout_s: float | None = None) -> bytes:
-    """The request body, refused unless it arrives whole within `body_timeout_s`: a client that announces a body
-    and sends it slowly would otherwise hold a worker (a sync worker: the whole service) until gunicorn's
-    worker timeout. The deadline shuts the connection's read side, which ends the blocked read at once."""
+def _read_body(environ, max_body_bytes: int) -> bytes:
+    """The request body, as announced by its Content-Length. Its deadline is the front's (front.py), which hands
+    the workers only requests that arrived whole."""
     raw = environ.get("CONTENT_LENGTH") or ""
     if not raw.strip():  # a chunked body, or none announced: its size is not known before it is read
         raise _BadRequest(411, "a request body needs a Content-Length (chunked bodies are not accepted)")
@@ -51,34 +47,16 @@ def _read_body(environ, max_body_bytes: int, body_timeout_s: float | None = None
     if length > max_body_bytes:
         raise _BadRequest(413, f"body of {length} bytes exceeds the limit of {max_body_bytes} bytes")
     stream = environ["wsgi.input"]
-    sock = environ.get("gunicorn.socket")
-    expired = threading.Event()
-    timer = None
-    if sock is not None and body_timeout_s:
-        def expire() -> None:
-            expired.set()
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RD)  # the answer can still be written
-        timer = threading.Timer(body_timeout_s, expire)
-        timer.daemon = True
-        timer.start()
     chunks, remaining = [], length
-    try:
-        while remaining > 0:
-            try:
-                chunk = stream.read(min(remaining, 65536))
-            except OSError:
-                chunk = b""
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
-    finally:
-        if timer is not None:
-            timer.cancel()
-    if expired.is_set():
-        raise _BadRequest(408, f"the request body did not arrive within {body_timeout_s:g} s "
-                               f"({length - remaining} of {length} bytes)")
+    while remaining > 0:
+        try:
+            chunk = stream.read(min(remaining, 65536))
+        except OSError:
+            chunk = b""
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
     if remaining:
         raise _BadRequest(400, f"the request body ended after {length - remaining} of the {length} bytes announced")
     return b"".join(chunks)
@@ -132,16 +110,13 @@ def score(task: str, completions: list[str], answers: list[str]) -> dict[str, li
             "format": [float(t.format_ok(c)) for c in completions]}
 
 
-def create_app(max_body_bytes: int = 1_000_000, body_timeout_s: float | None = 5.0, scorer: str | None = None):
-    """The reward service's WSGI callable; bodies over `max_body_bytes` are refused with 413, bodies that have
-    not arrived whole after `body_timeout_s` with 408 (None behind the service's front, which hands the workers
-    only whole bodies). Every answer is JSON, errors included. `scorer`: the
+def create_app(max_body_bytes: int = 1_000_000, scorer: str | None = None):
+    """The reward service's WSGI callable; bodies over `max_body_bytes` are refused with 413 (the header and body
+    deadlines are the front's: front.py). Every answer is JSON, errors included. `scorer`: the
     JSON of a resolved `reward.scorer` section, for the model kind (loaded here, in each worker, so a worker
     that cannot hold its model fails to boot and the service never becomes healthy)."""
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes: {max_body_bytes}; must be >= 1")
-    if body_timeout_s is not None and body_timeout_s <= 0:
-        raise ValueError(f"body_timeout_s: {body_timeout_s}; must be > 0 (or None: no deadline)")
     model = None
     if scorer is not None:
         from workflow_src.subjects.reward.scorer import Scorer, ScorerError, combine
@@ -172,13 +147,13 @@ def create_app(max_body_bytes: int = 1_000_000, body_timeout_s: float | None = 5
                 if method != "POST":
                     return _respond(start_response, 405, {"error": f"{method} not allowed on {path}"},
                                     [("Allow", "POST")])
-                body = _read_body(environ, max_body_bytes, body_timeout_s)
+                body = _read_body(environ, max_body_bytes)
                 req_id, task, completions, answers, doc = _parse_score_request(body)
                 return _respond(start_response, 200, {"id": req_id, **score_request(task, completions, answers, doc),
                                                       "pid": os.getpid()})
             return _respond(start_response, 404, {"error": f"no such path: {path}"})
         except _BadRequest as exc:
-            headers = [("Connection", "close")] if exc.status in (408, 411, 413) else None
+            headers = [("Connection", "close")] if exc.status in (411, 413) else None
             return _respond(start_response, exc.status, {"error": exc.message}, headers)
         except Exception as exc:  # noqa: BLE001 - a JSON 500 (which the client retries), never gunicorn's HTML page
             return _respond(start_response, 500, {"error": f"internal error: {type(exc).__name__}: {exc}"},

@@ -128,7 +128,6 @@ class RewardService:
             self.port = free_port(self.host)
         self._dir = tempfile.mkdtemp(prefix="speedproof-reward-")  # mode 0700: only this user reaches the workers
         backend = str(Path(self._dir) / "gunicorn.sock")
-        # the app's own body deadline is off: the front hands the workers whole requests
         gunicorn = [self.python, "-m", "gunicorn",
                     "--bind", f"unix:{backend}",
                     "--workers", str(self.workers), "--threads", str(self.threads),
@@ -136,8 +135,7 @@ class RewardService:
                     "--worker-class", worker_class(self.threads),
                     "--timeout", str(self.worker_timeout_s), "--graceful-timeout", "3",
                     "--chdir", str(REPO), "--log-level", "warning",
-                    f"workflow_src.subjects.reward.app:create_app(max_body_bytes={int(self.max_body_bytes)}, "
-                    f"body_timeout_s=None"
+                    f"workflow_src.subjects.reward.app:create_app(max_body_bytes={int(self.max_body_bytes)}"
                     + (f", scorer={json.dumps(self.scorer, sort_keys=True)!r})" if self.scorer is not None else ")")]
         front = [self.python, "-m", "workflow_src.subjects.reward.front", "--host", self.host, "--port",
                  str(self.port), "--backend", backend, "--max-body-bytes", str(int(self.max_body_bytes))]
