@@ -8,6 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import pytest
+from xdist.scheduler import LoadFileScheduling
 
 # Before any test module imports torch: the package sets the CPU kernel family the workflow's jobs compute with
 # (workflow_src/provenance/cpu_kernels.py), so the tests' bits are the jobs' on every machine; the subprocesses
@@ -92,7 +93,7 @@ class TinyWorkflow:
     """test_workflow.TINY run by snakemake, once per session, on one background thread (one run at a time).
 
     full(): a Future of a directory holding a completed run of every target. tests/test_workflow.py checks
-    it, tests/test_slurm.py compares its SLURM run with it. config_changed(): a Future of (directory, dry-run
+    it, tests/test_slurm.py compares its SLURM run with it (the two files share a worker, hence this run). config_changed(): a Future of (directory, dry-run
     process) for a copy of that run whose config.yaml has the environment section set to ENVIRONMENT_CHANGE:
     the dry run's plan of what reads the section, and the environment record rebuilt under it. Nothing writes
     into full() after it is done (the copy is taken before it resolves); a test that writes takes copy_of(full).
@@ -181,14 +182,28 @@ def tiny_config_changed(tiny_workflow):
 
 # --- the suite over two workers (pytest-xdist, `make test`: -n 2 --dist loadfile --no-loadscope-reorder) --------
 
-# The files that run the tiny workflow (tests/test_slurm.py's SLURM run beside its local runs, tests/test_workflow.py's
-# checks of them) are the suite's longest lines of work: collected first, so each starts at once on a worker of its
-# own while the other files fill in behind them. A worker keeps a file's tests together (loadfile) and makes its own
-# session fixtures: each of the two workers makes its own run of the tiny workflow.
-FIRST_FILES = ("test_slurm.py", "test_workflow.py")
+# The files that run the tiny workflow (tests/test_slurm.py's SLURM run beside the local runs, tests/test_workflow.py's
+# checks of them) share one worker, so the session's local runs (session fixtures are a worker's own) are made once
+# for both; collected first, they start at once while the other worker takes the other files, one file at a time.
+TINY_WORKFLOW_FILES = ("test_slurm.py", "test_workflow.py")
 
 
 def pytest_collection_modifyitems(config, items):
-    first = [item for name in FIRST_FILES for item in items if item.path.name == name]
+    first = [item for name in TINY_WORKFLOW_FILES for item in items if item.path.name == name]
     taken = set(map(id, first))
     items[:] = first + [item for item in items if id(item) not in taken]
+
+
+class _TinyWorkflowFilesTogether(LoadFileScheduling):
+    """loadfile, with the tiny workflow's files as one scope."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        scope = super()._split_scope(nodeid)
+        return "tiny-workflow" if Path(scope).name in TINY_WORKFLOW_FILES else scope
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") == "loadfile":
+        return _TinyWorkflowFilesTogether(config, log)
+    return None

@@ -209,12 +209,12 @@ def test_service_worker_killed_mid_request_client_retries():
     with RewardService(workers=2, threads=2, startup_timeout_s=15, max_body_bytes=16_000_000) as service, \
             RewardClient(service.url, timeout_s=120, retries=5, backoff_s=0.1, max_batch=65536) as client:
         client.score(COMPLETIONS, ANSWERS)  # the connection pool is warm: what follows is only the heavy request
-        workers = gunicorn_workers(service.pid)
-        assert len(workers) == 2 and service.pid not in workers
-        booted, deadline = set(), time.monotonic() + 60
-        while booted != set(workers) and time.monotonic() < deadline:  # a booting worker's imports are CPU too
+        # Both workers forked and answering: a booting worker's imports are CPU time too.
+        booted, workers, deadline = set(), [], time.monotonic() + 60
+        while (len(workers) < 2 or booted != set(workers)) and time.monotonic() < deadline:
             booted |= worker_pids(service.url, n=4)
-        assert booted == set(workers)
+            workers = gunicorn_workers(service.pid)
+        assert len(workers) == 2 and booted == set(workers), (workers, booted)
         before = {pid: cpu_ticks(pid) for pid in workers}
         with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(client.score, heavy_completions, heavy_answers)

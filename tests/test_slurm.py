@@ -317,8 +317,8 @@ def test_slurm_run_matches_local_run(cluster, tiny_workflow, tmp_path):
     profile = _test_profile(cluster, tmp_path / "profile")
 
     # The local run is the session's run of TINY (conftest.TinyWorkflow, `snakemake --cores 2`, every
-    # target), the run tests/test_workflow.py checks (its own, where the two files run on separate workers). It
-    # goes alongside (the SLURM run mostly waits on polling), with the config-change rerun; only timings feel it.
+    # target), the run tests/test_workflow.py checks (the two files share a worker). It goes alongside (the SLURM
+    # run mostly waits on polling), with the config-change rerun; only timings feel it.
     # A subset of the workflow keeps the SLURM run within CI's budget: the timed launches of one comparison,
     # the deterministic runs with their comparison, and the population shards (checkpoint and config included).
     tiny_workflow.prefetch()
