@@ -93,10 +93,11 @@ class TinyWorkflow:
     """test_workflow.TINY run by snakemake, once per session, on one background thread (one run at a time).
 
     full(): a Future of a directory holding a completed run of every target. tests/test_workflow.py checks
-    it, tests/test_slurm.py compares its SLURM run with it (the two files share a worker, hence this run). config_changed(): a Future of (directory, dry-run
-    process) for a copy of that run whose config.yaml has the environment section set to ENVIRONMENT_CHANGE:
-    the dry run's plan of what reads the section, and the environment record rebuilt under it. Nothing writes
-    into full() after it is done (the copy is taken before it resolves); a test that writes takes copy_of(full).
+    it, tests/test_slurm.py compares its SLURM run with it (the two files share a worker, so this one run serves
+    both). config_changed(): a Future of (directory, dry-run process) for a copy of that run whose config.yaml has
+    the environment section set to ENVIRONMENT_CHANGE: the dry run's plan of what reads the section, and the
+    environment record rebuilt under it. Nothing writes into full() after it is done (the copy is taken before it
+    resolves); a test that writes takes copy_of(full).
 
     The runs start when a test first asks for them, or earlier with prefetch(): tests/test_slurm.py calls it
     before its SLURM run, which mostly waits on polling, so the local runs take the idle CPU meanwhile.
