@@ -299,7 +299,7 @@ def test_math_equivalent_gives_up_on_a_hang_and_recovers(fresh_pool):
     t0 = time.monotonic()
     # sympy spends minutes on this in C code that no signal interrupts
     assert not math_equivalent("9^{9^{9^{9}}}", "10^{10^{10^{10}}}", timeout_s=1)
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 30  # against minutes, with room for a loaded machine
     assert math_equivalent("2\\sqrt{2}", "\\sqrt{8}")        # a fresh worker takes over
 
 
