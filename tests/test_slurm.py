@@ -33,7 +33,7 @@ TIMED_RULES = ("speedup_launch", "speedup_next_launch")
 GPU_RULES = (*TIMED_RULES, "deterministic_run", "randopt_population", "randopt_base", "randopt_topk_answers",
              "randopt_probes", "randopt_bpb")
 FAKE_GPU = "fake"
-SLURM_RUN_TIMEOUT_S = 900  # a hang guard: the run took 225-412 s on 2 cores beside the rest of the suite
+SLURM_RUN_TIMEOUT_S = 900  # a hang guard: the whole test took 225-412 s on 2 cores
 
 
 def _which(name: str) -> str | None:
