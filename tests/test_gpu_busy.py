@@ -13,12 +13,18 @@ def test_overlapping_intervals_count_once():
 
 
 def test_profiled_steps_become_one_figure_per_side_and_rl_claims():
-    recs = [{"step": 0, "rank": 0}, {"step": 1, "gpu_busy": {"device_s": 1.0, "wall_s": 4.0, "share": 0.25}},
-            {"step": 2, "gpu_busy": {"device_s": 3.0, "wall_s": 4.0, "share": 0.75}}]
+    # Warm-up step 0 (slow: graph capture) is not a denominator; steps 1-2 are, profiled steps 3-4 ran slower.
+    recs = [{"step": 0, "rank": 0, "seconds": 9.0}, {"step": 1, "seconds": 2.0}, {"step": 2, "seconds": 2.0},
+            {"step": 3, "seconds": 4.0, "gpu_busy": {"device_s": 0.5, "wall_s": 4.0, "share": 0.125}},
+            {"step": 4, "seconds": 4.0, "gpu_busy": {"device_s": 1.5, "wall_s": 4.0, "share": 0.375}}]
     doc = summarize(recs, "baseline", "tca")
-    assert doc["format"] == evidence.GPU_BUSY_FORMAT == FORMAT and doc["steps"] == [1, 2] and doc["median"] == 0.5
+    assert doc["format"] == evidence.GPU_BUSY_FORMAT == FORMAT and doc["steps"] == [3, 4]
+    assert doc["unprofiled_steps"] == [1, 2] and doc["unprofiled_wall_s"] == 2.0
+    assert doc["shares"] == [0.25, 0.75] and doc["median"] == 0.5 and doc["shares_under_profiler"] == [0.125, 0.375]
     with pytest.raises(ValueError, match="no step carries gpu_busy"):
         summarize(recs[:1], "baseline", "tca")
+    with pytest.raises(ValueError, match="need as many unprofiled steps"):
+        summarize([recs[0]] + recs[3:], "baseline", "tca")
     speedup = {"format": evidence.SPEEDUP_FORMAT, "experiment": "tca", "bitwise": {"pass": True},
                "protocol": {"windows": 3, "window_steps": 2, "warmup": 4, "mode": "production"},
                "repeats": [{"headline": {"ratio": 2.0}}], "noise": {"windows": [{"repeat": 1, "ab_gap": 0.05}]}}

@@ -107,7 +107,7 @@ def test_rl_launch_command_and_flags():
     assert flags[flags.index("--after") + 1] == "results/speedup/full/A/meta.json"
     assert flags[flags.index("--ranks") + 1] == "2"
     busy = s.gpu_busy_command(w(exp="full", side="optimized"))
-    assert "--impl optimized" in busy and busy.endswith('--steps 5 --profile-steps 3 --out "$SPEEDPROOF_OUT"')
+    assert "--impl optimized" in busy and busy.endswith('--steps 8 --profile-steps 3 --out "$SPEEDPROOF_OUT"')
     assert s.gpu_busy_files() == ["results/speedup/full/gpu_busy/baseline.json",
                                   "results/speedup/full/gpu_busy/optimized.json"]
 

@@ -209,9 +209,10 @@ def rl_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, 
                          "share", [gaps[r] for r in sorted(gaps)]))
     for b in sorted(busy, key=lambda b: (b["exp"], b["side"])):
         out.append(claim(f"{prefix}.{b['exp']}.gpu_busy.{b['side']}",
-                         f"share of the {b['side']} trainer's step the GPU is busy (kernels and copies over wall "
-                         f"time, torch profiler; {b['exp']} comparison's settings, profiled steps of a launch of "
-                         "its own); one value per profiled step", "share", b["shares"]))
+                         f"share of the {b['side']} trainer's step the GPU is busy (a profiled step's kernels and "
+                         "copies, torch profiler, over the median wall time of as many unprofiled steps before it; "
+                         f"{b['exp']} comparison's settings, a launch of its own); one value per profiled step",
+                         "share", b["shares"]))
     return out + bitwise_claims(prefix, bitwise)
 
 

@@ -55,7 +55,7 @@ def auto_decision(triples: int, gap: float, ratio: float, margin: float, elapsed
     return {"triples": triples, "stop": stop, "why": why, "ab_gap": gap, "ratio": ratio, "elapsed_s": elapsed_s}
 
 
-GPU_BUSY_WARMUP = 2  # steps before the profiled ones (compilation, graph capture)
+GPU_BUSY_WARMUP = 2  # steps before the unprofiled and profiled ones (compilation, graph capture)
 
 
 class SpeedupPlan:
@@ -308,11 +308,11 @@ class SpeedupPlan:
                 "paired": f"results/speedup/{wildcards.exp}/speedup.json"}
 
     def gpu_busy_command(self, wildcards: Any) -> str:
-        """The side's launch command (launch A for the baseline, opt for the optimized trainer), profiling its
-        last gpu_busy_steps steps."""
+        """The side's launch command (launch A for the baseline, opt for the optimized trainer): warm-up, then
+        gpu_busy_steps unprofiled steps (the wall time the shares divide by), then as many profiled ones."""
         k = self.comparison(wildcards.exp)["gpu_busy_steps"]
         return self.command(wildcards.exp, "A" if wildcards.side == "baseline" else "opt",
-                            steps=GPU_BUSY_WARMUP + k, extra=f" --profile-steps {k}")
+                            steps=GPU_BUSY_WARMUP + 2 * k, extra=f" --profile-steps {k}")
 
     def outputs(self, exps: list[str] | None = None) -> list[str]:
         """Final outputs of the paired speedup for each configured comparison (or the given ones)."""

@@ -1,10 +1,14 @@
-"""How much of an RL step the GPU is busy: the union of its kernels' and copies' intervals over the step's wall
-time, from torch's profiler (CUDA activity).
+"""How much of an RL step the GPU is busy: the union of its kernels' and copies' intervals (torch's profiler,
+CUDA activity) over the wall time of the same launch's unprofiled steps.
 
 A step that the host paces (Python between small kernels, a model-scored reward waiting on HTTP) leaves the GPU
-idle most of its wall time; one that the GPU paces keeps it near 1. Profiling costs time itself, so profiled
-steps are never timed steps: the rl CLI's `--profile-steps K` profiles the last K steps of a launch of its own
-(rule `rl_gpu_busy`), and this module's CLI reduces their records to one figure per side:
+idle most of its wall time; one that the GPU paces keeps it near 1. Profiling costs host time itself: with
+hundreds of thousands of kernels a step, the profiled step's wall time can double while its kernels' own
+durations (timed on the GPU) barely move. So the share divides a profiled step's device-busy seconds by the
+median wall time of the K unprofiled steps just before the K profiled ones, and the share under the profiler
+(device-busy over the profiled step's own wall) is kept beside it. Profiled steps are never timed steps: the rl
+CLI's `--profile-steps K` profiles the last K steps of a launch of its own (rule `rl_gpu_busy`, which runs
+2 + 2K steps), and this module's CLI reduces their records to one figure per side:
 
     python -m workflow_src.subjects.rl.gpu_busy --steps results/speedup/EXP/gpu_busy/baseline/steps.jsonl \\
         --side baseline --exp EXP --out results/speedup/EXP/gpu_busy/baseline.json
@@ -54,13 +58,23 @@ def profiled(fn: Callable[[], T]) -> tuple[T, dict[str, Any]]:
 
 
 def summarize(records: list[dict[str, Any]], side: str, exp: str) -> dict[str, Any]:
+    """The profiled steps' device-busy seconds over the median wall of as many unprofiled steps just before them."""
     steps = [r for r in records if r.get("gpu_busy")]
     if not steps:
         raise ValueError(f"{exp} {side}: no step carries gpu_busy (was the launch run with --profile-steps on a GPU?)")
-    shares = [r["gpu_busy"]["share"] for r in steps]
+    first = min(r["step"] for r in steps)
+    plain = sorted((r for r in records if not r.get("gpu_busy") and r["step"] < first), key=lambda r: r["step"])
+    plain = plain[len(plain) - len(steps):] if len(plain) >= len(steps) else []
+    if not plain:
+        raise ValueError(f"{exp} {side}: {len(steps)} profiled step(s) need as many unprofiled steps before them, "
+                         "whose wall time the shares divide by (a launch of 2 + 2K steps profiling the last K)")
+    wall = statistics.median(r["seconds"] for r in plain)
+    shares = [r["gpu_busy"]["device_s"] / wall for r in steps]
+    under = [r["gpu_busy"]["share"] for r in steps]
     return {"format": FORMAT, "exp": exp, "side": side, "steps": [r["step"] for r in steps],
+            "unprofiled_steps": [r["step"] for r in plain], "unprofiled_wall_s": wall,
             "per_step": [r["gpu_busy"] for r in steps], "shares": shares, "median": statistics.median(shares),
-            "min": min(shares), "max": max(shares)}
+            "min": min(shares), "max": max(shares), "shares_under_profiler": under}
 
 
 def main(argv: list[str] | None = None) -> None:
