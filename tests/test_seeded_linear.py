@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from workflow_src.kernels.perturb import reconstruct_triton
-from workflow_src.kernels.seeded_linear import SeedRows, perturbed, seeded_linear
+from workflow_src.kernels.seeded_linear import DEFAULT_LAUNCH, SeededLaunch, SeedRows, perturbed, seeded_linear
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 SEEDS = (7, 2**32 - 1, 123456789)
@@ -21,17 +21,22 @@ def identity_groups(k, seeds, sigmas):
     return [SeedRows(i * k, k, s, sg) for i, (s, sg) in enumerate(zip(seeds, sigmas))]
 
 
+SWAPPED = SeededLaunch(32, 16, 32, 4, 2, swap=True)  # yᵀ = W_s · xᵀ: the formed tile as the left operand
+
+
+@pytest.mark.parametrize("launch", [DEFAULT_LAUNCH, SWAPPED], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("offset,k", [(4096, 64), (4096 + 5, 64), (96, 40)])  # aligned; offset, K inside a word
-def test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, offset, k, device="cpu"):
+def test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, offset, k, launch, device="cpu"):
     """x = the identity per seed gives y = W_sᵀ exactly (one product of 1·w per sum); it must equal what the
-    reconstruct kernel writes for that seed, bit for bit, whether a tile row is whole hash words or not."""
+    reconstruct kernel writes for that seed, bit for bit, whether a tile row is whole hash words or not, with
+    the formed weights on either side of the product."""
     w0 = base((48, k), dtype, device)
     sigmas = (1e-3, 0.02, -3e-3)
     eye = torch.eye(k, dtype=dtype, device=device).repeat(len(SEEDS), 1)
     groups = identity_groups(k, SEEDS, sigmas)
     for backend in ("triton", "reference"):
-        y = seeded_linear(eye, w0, None, groups, offset, backend=backend)
+        y = seeded_linear(eye, w0, None, groups, offset, backend=backend, launch=launch)
         for i, (seed, sigma) in enumerate(zip(SEEDS, sigmas)):
             want = torch.empty_like(w0)
             reconstruct_triton(w0, want, seed, sigma, offset, scheme="speedproof-v2")
@@ -43,7 +48,7 @@ def test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, off
     b0 = base((48,), dtype, device, seed=1)
     zero = torch.zeros(3 * len(SEEDS), k, dtype=dtype, device=device)
     groups = [SeedRows(3 * i, 3, s, sg) for i, (s, sg) in enumerate(zip(SEEDS, sigmas))]
-    y = seeded_linear(zero, w0, b0, groups, offset, bias_offset=offset + 77, backend="triton")
+    y = seeded_linear(zero, w0, b0, groups, offset, bias_offset=offset + 77, backend="triton", launch=launch)
     for i, (seed, sigma) in enumerate(zip(SEEDS, sigmas)):
         want = perturbed(b0, seed, sigma, offset + 77, "speedproof-v2")
         assert torch.equal(y[3 * i:3 * i + 3], want.expand(3, -1))
@@ -64,6 +69,8 @@ def test_each_seeds_rows_are_its_own_linear_layer():
         assert torch.equal(ref[rows], F.linear(x[rows], w, b))
     torch.testing.assert_close(tri, ref, rtol=1e-5, atol=1e-6)
     assert torch.equal(seeded_linear(x, w0, b0, groups, 64, 9000, backend="triton"), tri)
+    swapped = seeded_linear(x, w0, b0, groups, 64, 9000, backend="triton", launch=SWAPPED)
+    torch.testing.assert_close(swapped, ref, rtol=1e-5, atol=1e-6)
     assert not torch.equal(ref[:5], ref[6:]) and not torch.equal(tri[:5], tri[6:])  # negative control: σ's sign
     plain = seeded_linear(x, w0, b0, groups, None, None, backend="triton")
     torch.testing.assert_close(plain, F.linear(x, w0, b0), rtol=1e-5, atol=1e-6)
@@ -105,5 +112,7 @@ def test_bad_input_is_refused():
 @pytest.mark.gpu
 @gpu
 def test_the_compiled_kernel_forms_the_same_weights():
-    test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(torch.bfloat16, 4096, 128, device="cuda")
-    test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(torch.bfloat16, 4096 + 5, 64, device="cuda")
+    for launch in (DEFAULT_LAUNCH, SWAPPED, SeededLaunch(128, 64, 64, 4, 3, swap=True)):
+        for dtype in (torch.bfloat16, torch.float16):
+            test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, 4096, 128, launch, device="cuda")
+            test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, 4096 + 5, 64, launch, device="cuda")

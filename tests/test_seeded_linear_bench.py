@@ -19,7 +19,9 @@ from workflow_src.report import evidence
 def test_a_launch_is_parsed_and_checked():
     assert SeededLaunch.parse("64/128/64/8/3") == SeededLaunch(64, 128, 64, 8, 3)
     assert str(SeededLaunch.parse("64/128/64/8/3")) == "64/128/64/8/3"
-    for bad, match in [("64/128/64/8", "expected"), ("48/128/64/8/3", "power of two"), ("8/128/64/8/3", ">= 16"),
+    assert SeededLaunch.parse("128/64/64/4/3/swap") == SeededLaunch(128, 64, 64, 4, 3, swap=True)
+    assert str(SeededLaunch.parse("128/64/64/4/3/swap")) == "128/64/64/4/3/swap"
+    for bad, match in [("64/128/64/8", "expected"), ("64/128/64/8/3/swop", "expected"), ("64/128/64/8/swap", "expected"), ("48/128/64/8/3", "power of two"), ("8/128/64/8/3", ">= 16"),
                        ("64/128/16/8/3", "hash words"), ("64/128/64/3/3", "bad launch"), ("64/128/64/4/0", "bad launch")]:
         with pytest.raises(ValueError, match=match):
             SeededLaunch.parse(bad)

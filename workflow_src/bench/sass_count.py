@@ -19,11 +19,9 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import re
-import subprocess
-import tempfile
 
+from workflow_src.bench import offline_compile
 from workflow_src.kernels import perturb
 
 # Opcode (before the first dot) -> issue pipe, for Hopper; anything else is counted under its own name.
@@ -38,8 +36,6 @@ def compile_sass(variant: str, arch: int = 90, block: int = perturb.BLOCK, num_w
                  masked: bool = False) -> str:
     """The SASS of `variant`'s unmasked bf16 launch with seed and σ from device memory (`masked`: the launch
     of a partial block instead; not for `words`, which only takes whole blocks)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
     if variant not in perturb.VARIANTS:
         raise ValueError(f"variant {variant!r}; known: {perturb.VARIANTS}")
     kernel = perturb._kernel(False, "words" if variant == "words" else "element")
@@ -53,17 +49,9 @@ def compile_sass(variant: str, arch: int = 90, block: int = perturb.BLOCK, num_w
                      "sigma": "*fp32"}
         constexprs = {"IN_KIND": 1, "OUT_KIND": 1, "BLOCK": block, "FROM_PTR": True,
                       "LITERAL": variant == "literal", "MASKED": masked}
-    signature.update(dict.fromkeys(constexprs, "constexpr"))
-    aligned = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
-    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned)
-    target = GPUTarget("cuda", arch, 32)
-    options = triton.compiler.make_backend(target).parse_options({"num_warps": num_warps})
-    compiled = triton.compile(source, target=target, options=options.__dict__)
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        return subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    compiled = offline_compile.compile_kernel(kernel, signature, constexprs, ("base_ptr", "target_ptr"), arch,
+                                              num_warps)
+    return offline_compile.cuobjdump(compiled.asm["cubin"], "-sass")
 
 
 def count(sass: str, elements_per_thread: int) -> dict:

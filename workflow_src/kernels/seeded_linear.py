@@ -14,12 +14,13 @@ Two backends with the same perturbed weights:
   reads the base once per seed.
 - `triton` (speedproof-v2 only): one program per (seed, row tile, column tile), the programs of one column tile
   adjacent in the launch order, so the base tile that the first reads from memory reaches the others from L2;
-  each program forms its seed's tile in registers, one hash per 32 weights (the scheme's word; with the
-  weight's offset and K multiples of 32 a tile row of BLOCK_K weights takes BLOCK_K / 32 hashes, otherwise each
-  element hashes its own word), and multiplies it with its rows' tile in fp32 accumulation, as mixed-input GEMM
-  kernels dequantize weights in registers. Its sums run in its own order, so its rows can differ from
-  `F.linear`'s in the last bits; the weights it forms do not (tests/test_seeded_linear.py multiplies by the
-  identity to read them back exactly).
+  each program reads the base tile in its stored dtype, forms its seed's tile in registers, one hash per 32
+  weights (the scheme's word; with the weight's offset and K multiples of 32 a tile row of BLOCK_K weights takes
+  BLOCK_K / 32 hashes, otherwise each element hashes its own word), and multiplies it with its rows' tile in
+  fp32 accumulation, as mixed-input GEMM kernels dequantize weights in registers (`SeededLaunch.swap` makes the
+  formed tile the left operand). Its sums run in its own order, so its rows can differ from `F.linear`'s in the
+  last bits; the weights it forms do not (tests/test_seeded_linear.py multiplies by the identity to read them
+  back exactly, in both operand orders).
 """
 
 from __future__ import annotations
@@ -37,7 +38,15 @@ except ImportError:  # pragma: no cover - the triton backend then raises
     triton = tl = None
 
 from workflow_src.kernels.perturb import _fmix32, _key_mix, _murmur3_key, _state_step
-from workflow_src.kernels.triton_common import KIND, bits_view, jit_in_mode, load_f32, resolve_interpret, round_to
+from workflow_src.kernels.triton_common import (
+    KIND,
+    bits_view,
+    jit_in_mode,
+    load_f32,
+    resolve_interpret,
+    round_to,
+    store_rounded,
+)
 from workflow_src.noise import schemes
 from workflow_src.noise import speedproof as noise
 
@@ -48,15 +57,19 @@ WORD = 32  # elements per speedproof-v2 hash
 
 @dataclass(frozen=True)
 class SeededLaunch:
-    """How the triton backend is launched: rows, columns and inputs per tile, warps and pipeline stages. The
-    tile's width in K sets the order of each sum, so a seed's rows may differ in the last bits between launches
-    (the weights formed do not); a decode step's tokens follow the launch it ran with, and records name it.
-    BLOCK_M at or above a seed's rows forms each of its weight tiles once a launch; below, once per row tile."""
+    """How the triton backend is launched: rows, columns and inputs per tile, warps and pipeline stages, and which
+    operand the formed weights are. The tile's width in K sets the order of each sum, so a seed's rows may differ
+    in the last bits between launches (the weights formed do not); a decode step's tokens follow the launch it
+    ran with, and records name it. BLOCK_M at or above a seed's rows forms each of its weight tiles once a
+    launch; below, once per row tile. `swap`: compute yᵀ = W_s · xᵀ, the formed weight tile as the left operand
+    (on Hopper, wgmma's A operand comes from registers, where the tile is formed; the right one, the rows, from
+    shared memory); otherwise y = x · W_sᵀ."""
     block_m: int = 32
     block_n: int = 64
     block_k: int = 64
     num_warps: int = 4
     num_stages: int = 3
+    swap: bool = False
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -70,15 +83,17 @@ class SeededLaunch:
 
     @classmethod
     def parse(cls, value: str) -> "SeededLaunch":
-        """`block_m/block_n/block_k/num_warps/num_stages`, e.g. 64/128/64/8/3."""
+        """`block_m/block_n/block_k/num_warps/num_stages[/swap]`, e.g. 64/128/64/8/3 or 128/128/64/4/4/swap."""
         parts = value.split("/")
-        if len(parts) != 5 or not all(p.isdigit() for p in parts):
+        swap = len(parts) == 6 and parts[5] == "swap"
+        if len(parts) - swap != 5 or not all(p.isdigit() for p in parts[:5]):
             raise ValueError(f"seeded linear launch {value!r}: expected block_m/block_n/block_k/num_warps/"
-                             "num_stages, e.g. 64/128/64/8/3")
-        return cls(*map(int, parts))
+                             "num_stages[/swap], e.g. 64/128/64/8/3 or 128/128/64/4/4/swap")
+        return cls(*map(int, parts[:5]), swap=swap)
 
     def __str__(self) -> str:
-        return f"{self.block_m}/{self.block_n}/{self.block_k}/{self.num_warps}/{self.num_stages}"
+        tail = "/swap" if self.swap else ""
+        return f"{self.block_m}/{self.block_n}/{self.block_k}/{self.num_warps}/{self.num_stages}{tail}"
 
 
 DEFAULT_LAUNCH = SeededLaunch()
@@ -152,8 +167,9 @@ def _v2_flip(index, seed):
 
 
 def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr, sigma_ptr, N, w_offset, b_offset,
-                        M_TILES, K: tl.constexpr, KIND: tl.constexpr, HAND: tl.constexpr, INTERP: tl.constexpr, PERTURB_W: tl.constexpr,
-                        HAS_BIAS: tl.constexpr, PERTURB_B: tl.constexpr, ALIGNED: tl.constexpr,
+                        M_TILES, K: tl.constexpr, KIND: tl.constexpr, HAND: tl.constexpr, INTERP: tl.constexpr,
+                        PERTURB_W: tl.constexpr, HAS_BIAS: tl.constexpr, PERTURB_B: tl.constexpr, ALIGNED: tl.constexpr,
+                        SWAP: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # K is a constant: the interpreter cannot bound a loop by a run-time value (one compilation per width).
     # axis 0: (seed group, row tile), axis 1: column tile; axis 0 varies fastest in the launch order, so every
@@ -170,12 +186,19 @@ def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr
         m_ok, n_ok = rm < rows, rn < N
         x_rows = (row0 + rm).to(tl.int64) * K
         w_rows = rn.to(tl.int64) * K
-        acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+        if SWAP:
+            acc = tl.full([BLOCK_N, BLOCK_M], 0.0, tl.float32)
+        else:
+            acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
         for k0 in range(0, K, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             k_ok = rk < K
-            xt = load_f32(x_ptr + x_rows[:, None] + rk[None, :], m_ok[:, None] & k_ok[None, :], KIND)
-            w = load_f32(w_ptr + w_rows[:, None] + rk[None, :], n_ok[:, None] & k_ok[None, :], KIND)
+            x_at, x_ok = x_ptr + x_rows[:, None] + rk[None, :], m_ok[:, None] & k_ok[None, :]
+            w_at, w_ok = w_ptr + w_rows[:, None] + rk[None, :], n_ok[:, None] & k_ok[None, :]
+            if INTERP:  # bits through int16 views, widened to fp32 (numpy has no bf16)
+                xt, w = load_f32(x_at, x_ok, KIND), load_f32(w_at, w_ok, KIND)
+            else:  # the stored dtype as it is: what the pipeliner stages and the tensor cores take
+                xt, w = tl.load(x_at, mask=x_ok, other=0.0), tl.load(w_at, mask=w_ok, other=0.0)
             if PERTURB_W:
                 if ALIGNED:  # a tile row's BLOCK_K weights are BLOCK_K / 32 whole words: one hash per word
                     words = ((w_offset + w_rows + k0) >> 5)[:, None] + tl.arange(0, BLOCK_K // 32)[None, :]
@@ -186,28 +209,37 @@ def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr
                     flip = _v2_flip(w_offset + w_rows[:, None] + rk[None, :], seed)
                 # σ·R is σ with its sign bit flipped where R = −1: exact, so one fp32 add and one rounding give
                 # the reconstruct kernel's bits (masked elements are zero and never reach a stored column)
-                w = round_to(w + (sigma_bits ^ flip).to(tl.float32, bitcast=True), KIND, HAND)
+                formed = w.to(tl.float32) + (sigma_bits ^ flip).to(tl.float32, bitcast=True)
+                if INTERP:
+                    w = round_to(formed, KIND, HAND)
+                else:
+                    w = formed.to(xt.dtype)  # round to nearest even, as round_to's hardware conversion
             if (KIND == 0) or INTERP:  # the interpreter's dot takes no bf16: fp32 of the same values, exact products
-                acc += tl.dot(xt, tl.trans(w), input_precision="ieee")
-            elif KIND == 1:
-                acc += tl.dot(xt.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
+                if SWAP:
+                    acc += tl.dot(w, tl.trans(xt), input_precision="ieee")
+                else:
+                    acc += tl.dot(xt, tl.trans(w), input_precision="ieee")
+            elif SWAP:  # yᵀ = W_s · xᵀ: the formed weights are the A operand, which Hopper's wgmma takes from registers
+                acc += tl.dot(w, tl.trans(xt))
             else:
-                acc += tl.dot(xt.to(tl.float16), tl.trans(w.to(tl.float16)))
+                acc += tl.dot(xt, tl.trans(w))
+        if SWAP:
+            acc = tl.trans(acc)
         if HAS_BIAS:
-            b = load_f32(b_ptr + rn, n_ok, KIND)
+            if INTERP:
+                b = load_f32(b_ptr + rn, n_ok, KIND)
+            else:
+                b = tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
             if PERTURB_B:
                 b = round_to(b + (sigma_bits ^ _v2_flip(b_offset + rn.to(tl.int64), seed)).to(tl.float32, bitcast=True),
                              KIND, HAND)
             acc += b[None, :]
         out = y_ptr + (row0 + rm).to(tl.int64)[:, None] * N + rn[None, :]
         mask = m_ok[:, None] & n_ok[None, :]
-        r = round_to(acc, KIND, HAND)
-        if KIND == 1:
-            tl.store(out, (r.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.int16, bitcast=True), mask=mask)
-        elif KIND == 2:
-            tl.store(out, r.to(tl.float16).to(tl.int16, bitcast=True), mask=mask)
+        if INTERP:
+            store_rounded(out, acc, mask, KIND, HAND)
         else:
-            tl.store(out, r, mask=mask)
+            tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @functools.cache
@@ -215,7 +247,7 @@ def _kernel(interpret: bool):
     if triton is None:
         raise ImportError("the seeded linear kernel needs triton (requirements.txt pins it)")
     (kernel,) = jit_in_mode(interpret, (_seeded_linear_body,),
-                            helpers=(load_f32, round_to, _key_mix, _state_step, _fmix32, _murmur3_key, _v2_flip),
+                            helpers=(load_f32, round_to, store_rounded, _key_mix, _state_step, _fmix32, _murmur3_key, _v2_flip),
                             do_not_specialize=("w_offset", "b_offset", "M_TILES"))
     return kernel
 
@@ -250,10 +282,12 @@ def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, laun
     aligned = weight_offset is not None and weight_offset % WORD == 0 and K % WORD == 0
     kind = KIND[x.dtype]
     grid = (len(groups) * m_tiles, triton.cdiv(N, block_n))
+    # The interpreter reads bf16 and fp16 as int16 bits (numpy has neither); compiled, the kernel reads them as they are.
+    view = bits_view if interpret else (lambda t: t)
     _kernel(interpret)[grid](
-        bits_view(x), bits_view(weight.contiguous()), bits_view(bias) if bias is not None else x, bits_view(y),
+        view(x), view(weight.contiguous()), view(bias) if bias is not None else view(x), view(y),
         row0, rows, seeds, sigmas, N, weight_offset or 0, bias_offset or 0, m_tiles, K=K, KIND=kind,
         HAND=interpret and kind == 1, INTERP=interpret, PERTURB_W=weight_offset is not None, HAS_BIAS=bias is not None,
-        PERTURB_B=bias is not None and bias_offset is not None, ALIGNED=aligned, BLOCK_M=block_m, BLOCK_N=block_n,
+        PERTURB_B=bias is not None and bias_offset is not None, ALIGNED=aligned, SWAP=launch.swap, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, num_warps=launch.num_warps, num_stages=launch.num_stages)
     return y

@@ -1,0 +1,37 @@
+"""What the seeded linear compiles to on Hopper, offline (bench/seeded_linear_compile.py): its tile loads are
+pipelined in the stored dtype, and the swapped launch takes the formed weights into wgmma from registers, where
+the other operand order writes them back to shared memory first."""
+import pytest
+
+from workflow_src.bench import offline_compile
+from workflow_src.bench import seeded_linear_compile as slc
+from workflow_src.kernels.seeded_linear import DEFAULT_LAUNCH, SeededLaunch
+
+pytestmark = pytest.mark.skipif(not offline_compile.available(), reason="triton's bundled ptxas/cuobjdump are missing")
+K = 512
+
+
+def test_the_default_launch_pipelines_its_bf16_tiles():
+    plain = slc.structure(slc.compile_launch(DEFAULT_LAUNCH, False, K), False)
+    assert plain["matrix"] == "mma.sync" and plain["async_copies"] > 0 and plain["stack_bytes"] == 0
+    assert "formed_operand" not in plain
+
+
+def test_the_swapped_launch_forms_the_weights_in_wgmmas_register_operand():
+    swapped = SeededLaunch(128, 64, 64, 4, 3, swap=True)
+    formed = slc.structure(slc.compile_launch(swapped, True, K), True)
+    assert formed["matrix"] == "wgmma" and formed["async_copies"] > 0 and formed["stack_bytes"] == 0
+    assert formed["formed_operand"] == "registers"
+    # the control: the same tile with the rows as the left operand puts the formed weights on the right, which
+    # wgmma reads from shared memory only
+    unswapped = slc.structure(slc.compile_launch(SeededLaunch(128, 64, 64, 4, 3), True, K), True)
+    assert unswapped["matrix"] == "wgmma" and unswapped["formed_operand"] == "shared"
+
+
+def test_the_cli_writes_the_table(tmp_path):
+    slc.main(["--launches", "128/64/64/4/3/swap", "--k", str(K), "--out", str(tmp_path / "c.json")])
+    doc = __import__("json").loads((tmp_path / "c.json").read_text())
+    assert doc["format"] == "speedproof.seeded-linear-compile/1" and set(doc["launches"]["128/64/64/4/3/swap"]) \
+        == {"plain", "formed"}
+    with pytest.raises(SystemExit, match="expected"):
+        slc.main(["--launches", "128/64/64"])

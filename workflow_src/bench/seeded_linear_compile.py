@@ -1,0 +1,82 @@
+"""What each seeded-linear launch compiles to on a Hopper GPU, read offline (no GPU needed):
+
+    python -m workflow_src.bench.seeded_linear_compile [--launches 32/64/64/4/3 128/64/64/4/3/swap] [--k 3584]
+        [--arch 90] [--out compile.json]
+
+For each launch of kernels/seeded_linear.py (bf16, weights at an aligned offset, as the population decode runs
+it), with nothing perturbed (its GEMM alone) and with each seed's weights formed:
+- `matrix`: the tensor-core instruction (`wgmma` is Hopper's warpgroup MMA; `mma.sync` the older warp-level one);
+- `async_copies`: cp.async and bulk tensor copies in the PTX (none: the tile loads are not pipelined);
+- `formed_operand` (wgmma only): where the formed weight tile enters the instruction: `registers` (wgmma's A
+  operand, as mixed-input GEMMs take dequantized weights) or `shared` (written back to shared memory first);
+- registers and spill stack per thread, dynamic shared memory (bench/offline_compile.py).
+Structure, not speed: bench/seeded_linear.py times the launches on the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+from workflow_src.bench import offline_compile
+from workflow_src.kernels import seeded_linear as sl
+
+_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16", "row0_ptr": "*i32",
+              "rows_ptr": "*i32", "seed_ptr": "*i64", "sigma_ptr": "*fp32", "N": "i32", "w_offset": "i64",
+              "b_offset": "i64", "M_TILES": "i32"}
+_ALIGNED = ("x_ptr", "w_ptr", "b_ptr", "y_ptr", "row0_ptr", "rows_ptr", "seed_ptr", "sigma_ptr", "N")
+# A warpgroup dot whose first operand is a tensor in the dot-operand layout (registers), not a shared memory view.
+_REGISTER_A = re.compile(r"ttng\.warp_group_dot %\S+, .*: tensor<[^>]*#ttg\.dot_op<\{opIdx = 0")
+
+
+def compile_launch(launch: sl.SeededLaunch, perturb: bool, k: int, arch: int = 90):
+    """The compiled bf16 kernel of `launch` for inputs of width k, forming the weights or not."""
+    constexprs = {"K": k, "KIND": 1, "HAND": False, "INTERP": False, "PERTURB_W": perturb, "HAS_BIAS": False,
+                  "PERTURB_B": False, "ALIGNED": True, "SWAP": launch.swap, "BLOCK_M": launch.block_m,
+                  "BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k}
+    return offline_compile.compile_kernel(sl._kernel(False), _SIGNATURE, constexprs, _ALIGNED, arch,
+                                          launch.num_warps, launch.num_stages)
+
+
+def structure(compiled, perturb: bool) -> dict:
+    """The figures of the module doc for one compiled kernel."""
+    ptx, ttgir = compiled.asm["ptx"], compiled.asm["ttgir"]
+    matrix = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else "none"
+    copies = len(re.findall(r"cp\.async\.(?:cg|ca)\.shared\.global|cp\.async\.bulk\.tensor", ptx))
+    doc = {"matrix": matrix, "async_copies": copies, **offline_compile.resources(compiled)}
+    if perturb and matrix == "wgmma":
+        doc["formed_operand"] = "registers" if _REGISTER_A.search(ttgir) else "shared"
+    return doc
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--launches", nargs="+", default=[str(sl.DEFAULT_LAUNCH)], help="SeededLaunch strings")
+    parser.add_argument("--k", type=int, default=3584, help="input width (3584: the 7B shape's hidden size)")
+    parser.add_argument("--arch", type=int, default=90, help="compute capability × 10 (90: H100/H200)")
+    parser.add_argument("--out", help="write the table here as JSON")
+    args = parser.parse_args(argv)
+    try:
+        launches = [sl.SeededLaunch.parse(v) for v in args.launches]
+    except ValueError as e:
+        raise SystemExit(f"seeded_linear_compile: {e}") from None
+    if not offline_compile.available():
+        raise SystemExit("seeded_linear_compile: Triton with its bundled ptxas and cuobjdump is needed")
+    doc = {"format": "speedproof.seeded-linear-compile/1", "arch": args.arch, "k": args.k, "dtype": "bfloat16",
+           "launches": {}}
+    for launch in launches:
+        row = doc["launches"][str(launch)] = {}
+        for perturb in (False, True):
+            r = row["formed" if perturb else "plain"] = structure(compile_launch(launch, perturb, args.k, args.arch),
+                                                                  perturb)
+            print(f"{str(launch):>20} {'formed' if perturb else 'plain':>6}: {r['matrix']}, {r['async_copies']} async "
+                  f"copies, {r['registers']} registers, {r['stack_bytes']} B spilled"
+                  + (f", formed tile from {r['formed_operand']}" if "formed_operand" in r else ""), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
