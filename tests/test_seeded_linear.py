@@ -22,9 +22,11 @@ def identity_groups(k, seeds, sigmas):
 
 
 SWAPPED = SeededLaunch(32, 16, 32, 4, 2, swap=True)  # yᵀ = W_s · xᵀ: the formed tile as the left operand
+# tiles through tensor descriptors: whole tiles, zero past the tensor's edge, rows of the next seed in a tile
+DESCRIBED = SeededLaunch(16, 32, 64, 4, 3, swap=True, tma=True)
 
 
-@pytest.mark.parametrize("launch", [DEFAULT_LAUNCH, SWAPPED], ids=str)
+@pytest.mark.parametrize("launch", [DEFAULT_LAUNCH, SWAPPED, DESCRIBED], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("offset,k", [(4096, 64), (4096 + 5, 64), (96, 40)])  # aligned; offset, K inside a word
 def test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, offset, k, launch, device="cpu"):
@@ -69,8 +71,9 @@ def test_each_seeds_rows_are_its_own_linear_layer():
         assert torch.equal(ref[rows], F.linear(x[rows], w, b))
     torch.testing.assert_close(tri, ref, rtol=1e-5, atol=1e-6)
     assert torch.equal(seeded_linear(x, w0, b0, groups, 64, 9000, backend="triton"), tri)
-    swapped = seeded_linear(x, w0, b0, groups, 64, 9000, backend="triton", launch=SWAPPED)
-    torch.testing.assert_close(swapped, ref, rtol=1e-5, atol=1e-6)
+    for launch in (SWAPPED, DESCRIBED, SeededLaunch(16, 16, 32, 4, 2, tma=True)):
+        torch.testing.assert_close(seeded_linear(x, w0, b0, groups, 64, 9000, backend="triton", launch=launch), ref,
+                                   rtol=1e-5, atol=1e-6)
     assert not torch.equal(ref[:5], ref[6:]) and not torch.equal(tri[:5], tri[6:])  # negative control: σ's sign
     plain = seeded_linear(x, w0, b0, groups, None, None, backend="triton")
     torch.testing.assert_close(plain, F.linear(x, w0, b0), rtol=1e-5, atol=1e-6)
@@ -107,12 +110,17 @@ def test_bad_input_is_refused():
         seeded_linear(x.double(), w0.double(), None, ok, 0)
     with pytest.raises(ValueError, match="backend"):
         seeded_linear(x, w0, None, ok, 0, backend="cuda")
+    odd = base((4, 36), torch.bfloat16)  # 72-byte rows: not whole 16-byte units
+    with pytest.raises(ValueError, match="16-byte aligned rows"):
+        seeded_linear(odd, base((8, 36), torch.bfloat16), None, ok, 0, backend="triton", interpret=True,
+                      launch=DESCRIBED)
 
 
 @pytest.mark.gpu
 @gpu
 def test_the_compiled_kernel_forms_the_same_weights():
-    for launch in (DEFAULT_LAUNCH, SWAPPED, SeededLaunch(128, 64, 64, 4, 3, swap=True)):
+    for launch in (DEFAULT_LAUNCH, SWAPPED, DESCRIBED, SeededLaunch(128, 64, 64, 4, 3, swap=True),
+                   SeededLaunch(128, 64, 64, 4, 3, swap=True, tma=True)):
         for dtype in (torch.bfloat16, torch.float16):
             test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, 4096, 128, launch, device="cuda")
             test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, 4096 + 5, 64, launch, device="cuda")

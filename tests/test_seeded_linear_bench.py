@@ -21,7 +21,9 @@ def test_a_launch_is_parsed_and_checked():
     assert str(SeededLaunch.parse("64/128/64/8/3")) == "64/128/64/8/3"
     assert SeededLaunch.parse("128/64/64/4/3/swap") == SeededLaunch(128, 64, 64, 4, 3, swap=True)
     assert str(SeededLaunch.parse("128/64/64/4/3/swap")) == "128/64/64/4/3/swap"
-    for bad, match in [("64/128/64/8", "expected"), ("64/128/64/8/3/swop", "expected"), ("64/128/64/8/swap", "expected"), ("48/128/64/8/3", "power of two"), ("8/128/64/8/3", ">= 16"),
+    assert SeededLaunch.parse("128/64/64/4/3/swap/tma") == SeededLaunch(128, 64, 64, 4, 3, swap=True, tma=True)
+    assert str(SeededLaunch.parse("128/64/64/4/3/tma")) == "128/64/64/4/3/tma"
+    for bad, match in [("64/128/64/8", "expected"), ("64/128/64/8/3/swop", "expected"), ("64/128/64/8/swap", "expected"), ("64/128/64/8/3/tma/swap", "expected"), ("48/128/64/8/3", "power of two"), ("8/128/64/8/3", ">= 16"),
                        ("64/128/16/8/3", "hash words"), ("64/128/64/3/3", "bad launch"), ("64/128/64/4/0", "bad launch")]:
         with pytest.raises(ValueError, match=match):
             SeededLaunch.parse(bad)

@@ -32,6 +32,20 @@ def test_the_cli_writes_the_table(tmp_path):
     slc.main(["--launches", "128/64/64/4/3/swap", "--k", str(K), "--out", str(tmp_path / "c.json")])
     doc = __import__("json").loads((tmp_path / "c.json").read_text())
     assert doc["format"] == "speedproof.seeded-linear-compile/1" and set(doc["launches"]["128/64/64/4/3/swap"]) \
-        == {"plain", "formed"}
+        == {"plain", "formed", "forming"}
     with pytest.raises(SystemExit, match="expected"):
         slc.main(["--launches", "128/64/64"])
+
+
+def test_a_tma_launch_reads_its_tiles_through_the_bulk_tensor_copy_engine():
+    formed = slc.structure(slc.compile_launch(SeededLaunch(128, 64, 64, 4, 3, swap=True, tma=True), True, K), True)
+    assert formed["matrix"] == "wgmma" and formed["async_copies"] > 0 and formed["formed_operand"] == "registers"
+    ptx = slc.compile_launch(SeededLaunch(128, 64, 64, 4, 3, swap=True, tma=True), False, K).asm["ptx"]
+    assert "cp.async.bulk.tensor" in ptx and "cp.async.cg.shared.global" not in ptx
+
+
+def test_forming_is_counted_per_weight():
+    launch = SeededLaunch(128, 64, 64, 4, 3, swap=True)
+    cost = slc.forming_cost(launch, slc.compile_launch(launch, False, K), slc.compile_launch(launch, True, K))
+    # at least the add and half a two-way pack per weight, and the integer work of the signs
+    assert cost["per_element"] > 2 and cost["by_pipe"]["fp32"] >= 1 and cost["by_pipe"]["alu"] > 1

@@ -6,10 +6,15 @@
 For each launch of kernels/seeded_linear.py (bf16, weights at an aligned offset, as the population decode runs
 it), with nothing perturbed (its GEMM alone) and with each seed's weights formed:
 - `matrix`: the tensor-core instruction (`wgmma` is Hopper's warpgroup MMA; `mma.sync` the older warp-level one);
-- `async_copies`: cp.async and bulk tensor copies in the PTX (none: the tile loads are not pipelined);
+- `async_copies`: cp.async and bulk tensor copies (TMA, launches with /tma) in the PTX (none: the tile loads are
+  not pipelined);
 - `formed_operand` (wgmma only): where the formed weight tile enters the instruction: `registers` (wgmma's A
   operand, as mixed-input GEMMs take dequantized weights) or `shared` (written back to shared memory first);
-- registers and spill stack per thread, dynamic shared memory (bench/offline_compile.py).
+- registers and spill stack per thread, dynamic shared memory (bench/offline_compile.py);
+- `forming`: the SASS instructions forming adds per weight, by issue pipe (`forming_cost`). At 128 rows a seed a
+  weight meets 256 FLOP of matrix work; on Hopper that is about 16 weights per clock and SM at the tensor cores'
+  rate, against 128 thread-instructions issued per clock and SM, so forming hides under the matrix work only
+  below about 8 instructions per weight.
 Structure, not speed: bench/seeded_linear.py times the launches on the GPU.
 """
 
@@ -19,7 +24,7 @@ import argparse
 import json
 import re
 
-from workflow_src.bench import offline_compile
+from workflow_src.bench import offline_compile, sass_count
 from workflow_src.kernels import seeded_linear as sl
 
 _SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16", "row0_ptr": "*i32",
@@ -33,9 +38,14 @@ _REGISTER_A = re.compile(r"ttng\.warp_group_dot %\S+, .*: tensor<[^>]*#ttg\.dot_
 def compile_launch(launch: sl.SeededLaunch, perturb: bool, k: int, arch: int = 90):
     """The compiled bf16 kernel of `launch` for inputs of width k, forming the weights or not."""
     constexprs = {"K": k, "KIND": 1, "HAND": False, "INTERP": False, "PERTURB_W": perturb, "HAS_BIAS": False,
-                  "PERTURB_B": False, "ALIGNED": True, "SWAP": launch.swap, "BLOCK_M": launch.block_m,
-                  "BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k}
-    return offline_compile.compile_kernel(sl._kernel(False), _SIGNATURE, constexprs, _ALIGNED, arch,
+                  "PERTURB_B": False, "ALIGNED": True, "SWAP": launch.swap, "TMA": launch.tma,
+                  "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k}
+    signature, aligned = dict(_SIGNATURE), _ALIGNED
+    if launch.tma:  # the rows' and the weight's tiles through host-made tensor descriptors
+        signature["x_ptr"] = f"tensordesc<bf16[{launch.block_m}, {launch.block_k}]>"
+        signature["w_ptr"] = f"tensordesc<bf16[{launch.block_n}, {launch.block_k}]>"
+        aligned = tuple(a for a in _ALIGNED if a not in ("x_ptr", "w_ptr"))
+    return offline_compile.compile_kernel(sl._kernel(False), signature, constexprs, aligned, arch,
                                           launch.num_warps, launch.num_stages)
 
 
@@ -48,6 +58,18 @@ def structure(compiled, perturb: bool) -> dict:
     if perturb and matrix == "wgmma":
         doc["formed_operand"] = "registers" if _REGISTER_A.search(ttgir) else "shared"
     return doc
+
+
+def forming_cost(launch: sl.SeededLaunch, plain, formed) -> dict:
+    """Static SASS instructions the forming adds per formed weight, by issue pipe (bench/sass_count.py's): the
+    formed kernel's count less the plain one's, over the weights each thread forms per K step. The loop body is
+    counted once however the pipeliner lays it out, so this is a rate per element, not a total."""
+    per_thread = launch.block_n * launch.block_k / (32 * launch.num_warps)
+    counts = [sass_count.count(offline_compile.cuobjdump(c.asm["cubin"], "-sass"), 1) for c in (plain, formed)]
+    pipes = set(counts[0]["by_pipe"]) | set(counts[1]["by_pipe"])
+    extra = {k: (counts[1]["by_pipe"].get(k, 0) - counts[0]["by_pipe"].get(k, 0)) / per_thread for k in pipes}
+    return {"per_element": (counts[1]["per_element"] - counts[0]["per_element"]) / per_thread,
+            "by_pipe": {k: v for k, v in sorted(extra.items(), key=lambda kv: -kv[1]) if abs(v) >= 0.05}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -67,12 +89,16 @@ def main(argv: list[str] | None = None) -> None:
            "launches": {}}
     for launch in launches:
         row = doc["launches"][str(launch)] = {}
+        compiled = {}
         for perturb in (False, True):
-            r = row["formed" if perturb else "plain"] = structure(compile_launch(launch, perturb, args.k, args.arch),
-                                                                  perturb)
+            compiled[perturb] = compile_launch(launch, perturb, args.k, args.arch)
+            r = row["formed" if perturb else "plain"] = structure(compiled[perturb], perturb)
             print(f"{str(launch):>20} {'formed' if perturb else 'plain':>6}: {r['matrix']}, {r['async_copies']} async "
                   f"copies, {r['registers']} registers, {r['stack_bytes']} B spilled"
                   + (f", formed tile from {r['formed_operand']}" if "formed_operand" in r else ""), flush=True)
+        cost = row["forming"] = forming_cost(launch, compiled[False], compiled[True])
+        pipes = ", ".join(f"{k} {v:.2f}" for k, v in cost["by_pipe"].items())
+        print(f"{str(launch):>20} forming: {cost['per_element']:.2f} instructions per weight ({pipes})", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)

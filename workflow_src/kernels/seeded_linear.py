@@ -34,8 +34,9 @@ import torch.nn.functional as F
 try:
     import triton
     import triton.language as tl
+    from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - the triton backend then raises
-    triton = tl = None
+    triton = tl = TensorDescriptor = None
 
 from workflow_src.kernels.perturb import _fmix32, _key_mix, _murmur3_key, _state_step
 from workflow_src.kernels.triton_common import (
@@ -46,6 +47,7 @@ from workflow_src.kernels.triton_common import (
     resolve_interpret,
     round_to,
     store_rounded,
+    widen_f32,
 )
 from workflow_src.noise import schemes
 from workflow_src.noise import speedproof as noise
@@ -63,13 +65,16 @@ class SeededLaunch:
     ran with, and records name it. BLOCK_M at or above a seed's rows forms each of its weight tiles once a
     launch; below, once per row tile. `swap`: compute yᵀ = W_s · xᵀ, the formed weight tile as the left operand
     (on Hopper, wgmma's A operand comes from registers, where the tile is formed; the right one, the rows, from
-    shared memory); otherwise y = x · W_sᵀ."""
+    shared memory); otherwise y = x · W_sᵀ. `tma`: the row and weight tiles come through tensor descriptors (on
+    Hopper, the bulk tensor copy engine: one instruction a tile, no address arithmetic per element); a compiled
+    launch needs a GPU of compute capability 9 or more and rows 16-byte aligned."""
     block_m: int = 32
     block_n: int = 64
     block_k: int = 64
     num_warps: int = 4
     num_stages: int = 3
     swap: bool = False
+    tma: bool = False
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -83,16 +88,18 @@ class SeededLaunch:
 
     @classmethod
     def parse(cls, value: str) -> "SeededLaunch":
-        """`block_m/block_n/block_k/num_warps/num_stages[/swap]`, e.g. 64/128/64/8/3 or 128/128/64/4/4/swap."""
+        """`block_m/block_n/block_k/num_warps/num_stages[/swap][/tma]`, e.g. 64/128/64/8/3 or
+        128/128/64/4/4/swap/tma."""
         parts = value.split("/")
-        swap = len(parts) == 6 and parts[5] == "swap"
-        if len(parts) - swap != 5 or not all(p.isdigit() for p in parts[:5]):
+        flags = parts[5:]
+        if (len(parts) < 5 or not all(p.isdigit() for p in parts[:5])
+                or flags not in ([], ["swap"], ["tma"], ["swap", "tma"])):
             raise ValueError(f"seeded linear launch {value!r}: expected block_m/block_n/block_k/num_warps/"
-                             "num_stages[/swap], e.g. 64/128/64/8/3 or 128/128/64/4/4/swap")
-        return cls(*map(int, parts[:5]), swap=swap)
+                             "num_stages[/swap][/tma], e.g. 64/128/64/8/3 or 128/128/64/4/4/swap/tma")
+        return cls(*map(int, parts[:5]), swap="swap" in flags, tma="tma" in flags)
 
     def __str__(self) -> str:
-        tail = "/swap" if self.swap else ""
+        tail = "/swap" * self.swap + "/tma" * self.tma
         return f"{self.block_m}/{self.block_n}/{self.block_k}/{self.num_warps}/{self.num_stages}{tail}"
 
 
@@ -169,7 +176,7 @@ def _v2_flip(index, seed):
 def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr, sigma_ptr, N, w_offset, b_offset,
                         M_TILES, K: tl.constexpr, KIND: tl.constexpr, HAND: tl.constexpr, INTERP: tl.constexpr,
                         PERTURB_W: tl.constexpr, HAS_BIAS: tl.constexpr, PERTURB_B: tl.constexpr, ALIGNED: tl.constexpr,
-                        SWAP: tl.constexpr,
+                        SWAP: tl.constexpr, TMA: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # K is a constant: the interpreter cannot bound a loop by a run-time value (one compilation per width).
     # axis 0: (seed group, row tile), axis 1: column tile; axis 0 varies fastest in the launch order, so every
@@ -193,12 +200,18 @@ def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr
         for k0 in range(0, K, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             k_ok = rk < K
-            x_at, x_ok = x_ptr + x_rows[:, None] + rk[None, :], m_ok[:, None] & k_ok[None, :]
-            w_at, w_ok = w_ptr + w_rows[:, None] + rk[None, :], n_ok[:, None] & k_ok[None, :]
-            if INTERP:  # bits through int16 views, widened to fp32 (numpy has no bf16)
-                xt, w = load_f32(x_at, x_ok, KIND), load_f32(w_at, w_ok, KIND)
-            else:  # the stored dtype as it is: what the pipeliner stages and the tensor cores take
-                xt, w = tl.load(x_at, mask=x_ok, other=0.0), tl.load(w_at, mask=w_ok, other=0.0)
+            if TMA:  # whole tiles, zero beyond the tensor; rows past this seed's are others', never stored
+                xt = x_ptr.load([row0 + tile_m * BLOCK_M, k0])
+                w = w_ptr.load([tl.program_id(1) * BLOCK_N, k0])
+                if INTERP:
+                    xt, w = widen_f32(xt, KIND), widen_f32(w, KIND)
+            else:
+                x_at, x_ok = x_ptr + x_rows[:, None] + rk[None, :], m_ok[:, None] & k_ok[None, :]
+                w_at, w_ok = w_ptr + w_rows[:, None] + rk[None, :], n_ok[:, None] & k_ok[None, :]
+                if INTERP:  # bits through int16 views, widened to fp32 (numpy has no bf16)
+                    xt, w = load_f32(x_at, x_ok, KIND), load_f32(w_at, w_ok, KIND)
+                else:  # the stored dtype as it is: what the pipeliner stages and the tensor cores take
+                    xt, w = tl.load(x_at, mask=x_ok, other=0.0), tl.load(w_at, mask=w_ok, other=0.0)
             if PERTURB_W:
                 if ALIGNED:  # a tile row's BLOCK_K weights are BLOCK_K / 32 whole words: one hash per word
                     words = ((w_offset + w_rows + k0) >> 5)[:, None] + tl.arange(0, BLOCK_K // 32)[None, :]
@@ -247,7 +260,7 @@ def _kernel(interpret: bool):
     if triton is None:
         raise ImportError("the seeded linear kernel needs triton (requirements.txt pins it)")
     (kernel,) = jit_in_mode(interpret, (_seeded_linear_body,),
-                            helpers=(load_f32, round_to, store_rounded, _key_mix, _state_step, _fmix32, _murmur3_key, _v2_flip),
+                            helpers=(load_f32, widen_f32, round_to, store_rounded, _key_mix, _state_step, _fmix32, _murmur3_key, _v2_flip),
                             do_not_specialize=("w_offset", "b_offset", "M_TILES"))
     return kernel
 
@@ -284,10 +297,27 @@ def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, laun
     grid = (len(groups) * m_tiles, triton.cdiv(N, block_n))
     # The interpreter reads bf16 and fp16 as int16 bits (numpy has neither); compiled, the kernel reads them as they are.
     view = bits_view if interpret else (lambda t: t)
+    xs, ws = view(x), view(weight.contiguous())
+    if launch.tma:
+        xs, ws = _descriptors(xs, ws, launch, interpret)
     _kernel(interpret)[grid](
-        view(x), view(weight.contiguous()), view(bias) if bias is not None else view(x), view(y),
+        xs, ws, view(bias) if bias is not None else view(x), view(y),
         row0, rows, seeds, sigmas, N, weight_offset or 0, bias_offset or 0, m_tiles, K=K, KIND=kind,
         HAND=interpret and kind == 1, INTERP=interpret, PERTURB_W=weight_offset is not None, HAS_BIAS=bias is not None,
-        PERTURB_B=bias is not None and bias_offset is not None, ALIGNED=aligned, SWAP=launch.swap, BLOCK_M=block_m, BLOCK_N=block_n,
+        PERTURB_B=bias is not None and bias_offset is not None, ALIGNED=aligned, SWAP=launch.swap, TMA=launch.tma, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, num_warps=launch.num_warps, num_stages=launch.num_stages)
     return y
+
+
+def _descriptors(x, weight, launch: SeededLaunch, interpret: bool):
+    """Tensor descriptors of the rows' and the weight's tiles, after the checks the bulk tensor copy engine needs."""
+    if not interpret and torch.cuda.get_device_capability(x.device)[0] < 9:
+        raise ValueError(f"seeded linear: launch {launch} reads through tensor descriptors, which need a GPU of "
+                         "compute capability 9 or more (Hopper); drop /tma")
+    for name, t in (("input", x), ("weight", weight)):
+        if (t.shape[1] * t.element_size()) % 16 or t.data_ptr() % 16:
+            raise ValueError(f"seeded linear: launch {launch} reads the {name} through a tensor descriptor, which "
+                             f"needs 16-byte aligned rows (width {t.shape[1]}, {t.element_size()} bytes each, "
+                             f"address {t.data_ptr():#x}); drop /tma")
+    return (TensorDescriptor.from_tensor(x, [launch.block_m, launch.block_k]),
+            TensorDescriptor.from_tensor(weight, [launch.block_n, launch.block_k]))

@@ -25,16 +25,20 @@ except ImportError:  # pragma: no cover - the receipt then reports the fused cas
 KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
-def load_f32(ptrs, mask, KIND: tl.constexpr):
-    """fp32 values of dtype-KIND elements (0 fp32, 1 bf16 bits in int16, 2 fp16 bits in int16); exact."""
+def widen_f32(v, KIND: tl.constexpr):
+    """fp32 values of loaded dtype-KIND elements (0 fp32, 1 bf16 bits in int16, 2 fp16 bits in int16); exact."""
     if KIND == 1:
-        bits = tl.load(ptrs, mask=mask, other=0).to(tl.uint16, bitcast=True)
-        v = (bits.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        out = (v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
     elif KIND == 2:
-        v = tl.load(ptrs, mask=mask, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        out = v.to(tl.float16, bitcast=True).to(tl.float32)
     else:
-        v = tl.load(ptrs, mask=mask, other=0.0)
-    return v
+        out = v
+    return out
+
+
+def load_f32(ptrs, mask, KIND: tl.constexpr):
+    """fp32 values of dtype-KIND elements at ptrs (masked ones 0); exact."""
+    return widen_f32(tl.load(ptrs, mask=mask, other=0), KIND)
 
 
 def round_to(v, KIND: tl.constexpr, HAND: tl.constexpr):
@@ -100,7 +104,7 @@ def div_f32(a, b, DIV: tl.constexpr):
     return q
 
 
-TRITON_HELPERS = (load_f32, round_to, round_mid, store_rounded, exp_f32, div_f32)
+TRITON_HELPERS = (widen_f32, load_f32, round_to, round_mid, store_rounded, exp_f32, div_f32)
 
 
 
