@@ -33,6 +33,8 @@ def test_the_cli_writes_the_table(tmp_path):
     doc = __import__("json").loads((tmp_path / "c.json").read_text())
     assert doc["format"] == "speedproof.seeded-linear-compile/1" and set(doc["launches"]["128/64/64/4/3/swap"]) \
         == {"plain", "formed", "forming"}
+    assert doc["command"].endswith("--launches 128/64/64/4/3/swap --k 512 --out " + str(tmp_path / "c.json"))
+    assert doc["provenance"]["git"]["commit"] and doc["triton"]
     with pytest.raises(SystemExit, match="expected"):
         slc.main(["--launches", "128/64/64"])
 

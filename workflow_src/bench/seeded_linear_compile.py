@@ -23,9 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 
 from workflow_src.bench import offline_compile, sass_count
 from workflow_src.kernels import seeded_linear as sl
+from workflow_src.provenance.stamp import provenance
 
 _SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16", "row0_ptr": "*i32",
               "rows_ptr": "*i32", "seed_ptr": "*i64", "sigma_ptr": "*fp32", "N": "i32", "w_offset": "i64",
@@ -85,8 +87,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"seeded_linear_compile: {e}") from None
     if not offline_compile.available():
         raise SystemExit("seeded_linear_compile: Triton with its bundled ptxas and cuobjdump is needed")
+    import triton
     doc = {"format": "speedproof.seeded-linear-compile/1", "arch": args.arch, "k": args.k, "dtype": "bfloat16",
-           "launches": {}}
+           "triton": triton.__version__, "command": "python -m workflow_src.bench.seeded_linear_compile "
+           + " ".join(argv if argv is not None else sys.argv[1:]), "provenance": provenance(), "launches": {}}
     for launch in launches:
         row = doc["launches"][str(launch)] = {}
         compiled = {}
