@@ -6,7 +6,14 @@ import torch
 import torch.nn.functional as F
 
 from workflow_src.kernels.perturb import reconstruct_triton
-from workflow_src.kernels.seeded_linear import DEFAULT_LAUNCH, SeededLaunch, SeedRows, perturbed, seeded_linear
+from workflow_src.kernels.seeded_linear import (
+    DEFAULT_LAUNCH,
+    SeededLaunch,
+    SeedRows,
+    perturbed,
+    seeded_linear,
+    sign_words_table,
+)
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 SEEDS = (7, 2**32 - 1, 123456789)
@@ -24,9 +31,10 @@ def identity_groups(k, seeds, sigmas):
 SWAPPED = SeededLaunch(32, 16, 32, 4, 2, swap=True)  # yᵀ = W_s · xᵀ: the formed tile as the left operand
 # tiles through tensor descriptors: whole tiles, zero past the tensor's edge, rows of the next seed in a tile
 DESCRIBED = SeededLaunch(16, 32, 64, 4, 3, swap=True, tma=True)
+WORDS = SeededLaunch(32, 64, 64, 4, 3, words=True)  # each seed's hash words read from a table made beforehand
 
 
-@pytest.mark.parametrize("launch", [DEFAULT_LAUNCH, SWAPPED, DESCRIBED], ids=str)
+@pytest.mark.parametrize("launch", [DEFAULT_LAUNCH, SWAPPED, DESCRIBED, WORDS], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("offset,k", [(4096, 64), (4096 + 5, 64), (96, 40)])  # aligned; offset, K inside a word
 def test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, offset, k, launch, device="cpu"):
@@ -37,8 +45,14 @@ def test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, off
     sigmas = (1e-3, 0.02, -3e-3)
     eye = torch.eye(k, dtype=dtype, device=device).repeat(len(SEEDS), 1)
     groups = identity_groups(k, SEEDS, sigmas)
+    if launch.words and (offset % 32 or k % 32):
+        with pytest.raises(ValueError, match="whole 32-weight words"):
+            sign_words_table(w0, groups, offset)
+        return
+    words = sign_words_table(w0, groups, offset).to(device) if launch.words else None
     for backend in ("triton", "reference"):
-        y = seeded_linear(eye, w0, None, groups, offset, backend=backend, launch=launch)
+        y = seeded_linear(eye, w0, None, groups, offset, backend=backend, launch=launch,
+                          words=words if backend == "triton" else None)
         for i, (seed, sigma) in enumerate(zip(SEEDS, sigmas)):
             want = torch.empty_like(w0)
             reconstruct_triton(w0, want, seed, sigma, offset, scheme="speedproof-v2")
@@ -50,7 +64,9 @@ def test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, off
     b0 = base((48,), dtype, device, seed=1)
     zero = torch.zeros(3 * len(SEEDS), k, dtype=dtype, device=device)
     groups = [SeedRows(3 * i, 3, s, sg) for i, (s, sg) in enumerate(zip(SEEDS, sigmas))]
-    y = seeded_linear(zero, w0, b0, groups, offset, bias_offset=offset + 77, backend="triton", launch=launch)
+    words = sign_words_table(w0, groups, offset).to(device) if launch.words else None
+    y = seeded_linear(zero, w0, b0, groups, offset, bias_offset=offset + 77, backend="triton", launch=launch,
+                      words=words)
     for i, (seed, sigma) in enumerate(zip(SEEDS, sigmas)):
         want = perturbed(b0, seed, sigma, offset + 77, "speedproof-v2")
         assert torch.equal(y[3 * i:3 * i + 3], want.expand(3, -1))
@@ -77,6 +93,24 @@ def test_each_seeds_rows_are_its_own_linear_layer():
     assert not torch.equal(ref[:5], ref[6:]) and not torch.equal(tri[:5], tri[6:])  # negative control: σ's sign
     plain = seeded_linear(x, w0, b0, groups, None, None, backend="triton")
     torch.testing.assert_close(plain, F.linear(x, w0, b0), rtol=1e-5, atol=1e-6)
+
+
+def test_a_words_launch_forms_each_groups_own_seed_from_its_row_of_the_table():
+    """The table's row order is the groups': rows given in the other order form the other seed's weights (the
+    control), and a table sliced from a wider buffer (a row stride longer than the row) is read where it lies."""
+    k = 64
+    w0 = base((48, k), torch.float32)
+    eye = torch.eye(k).repeat(2, 1)
+    groups = [SeedRows(0, k, 7, 1e-3), SeedRows(k, k, 8, 1e-3)]
+    table = sign_words_table(w0, groups, 4096)
+    wide = torch.zeros(2, table.shape[1] + 40, dtype=torch.int32)
+    wide[:, 40:] = table
+    for words in (table, wide[:, 40:]):
+        y = seeded_linear(eye, w0, None, groups, 4096, backend="triton", launch=WORDS, words=words)
+        for i, g in enumerate(groups):
+            assert torch.equal(y[i * k:(i + 1) * k].T.contiguous(), perturbed(w0, g.seed, g.sigma, 4096, "speedproof-v2"))
+    y = seeded_linear(eye, w0, None, groups, 4096, backend="triton", launch=WORDS, words=table.flip(0).contiguous())
+    assert torch.equal(y[:k].T.contiguous(), perturbed(w0, 8, 1e-3, 4096, "speedproof-v2"))
 
 
 def test_launches_over_other_groups_read_their_own_tables():
@@ -110,6 +144,15 @@ def test_bad_input_is_refused():
         seeded_linear(x.double(), w0.double(), None, ok, 0)
     with pytest.raises(ValueError, match="backend"):
         seeded_linear(x, w0, None, ok, 0, backend="cuda")
+    table = sign_words_table(w0, ok, 0)
+    with pytest.raises(ValueError, match="add /words"):
+        seeded_linear(x, w0, None, ok, 0, backend="triton", words=table)
+    with pytest.raises(ValueError, match="int32 table"):
+        seeded_linear(x, w0, None, ok, 0, backend="triton", launch=WORDS)
+    with pytest.raises(ValueError, match="int32 table"):
+        seeded_linear(x, w0, None, ok, 0, backend="triton", launch=WORDS, words=table[:, :-1])
+    with pytest.raises(ValueError, match="whole 32-weight words"):
+        seeded_linear(x, w0, None, ok, 5, backend="triton", launch=WORDS, words=table)
     odd = base((4, 36), torch.bfloat16)  # 72-byte rows: not whole 16-byte units
     with pytest.raises(ValueError, match="16-byte aligned rows"):
         seeded_linear(odd, base((8, 36), torch.bfloat16), None, ok, 0, backend="triton", interpret=True,
@@ -119,8 +162,8 @@ def test_bad_input_is_refused():
 @pytest.mark.gpu
 @gpu
 def test_the_compiled_kernel_forms_the_same_weights():
-    for launch in (DEFAULT_LAUNCH, SWAPPED, DESCRIBED, SeededLaunch(128, 64, 64, 4, 3, swap=True),
-                   SeededLaunch(128, 64, 64, 4, 3, swap=True, tma=True)):
+    for launch in (DEFAULT_LAUNCH, SWAPPED, DESCRIBED, WORDS, SeededLaunch(128, 64, 64, 4, 3, swap=True),
+                   SeededLaunch(128, 64, 64, 4, 3, swap=True, tma=True, words=True)):
         for dtype in (torch.bfloat16, torch.float16):
             test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, 4096, 128, launch, device="cuda")
             test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, 4096 + 5, 64, launch, device="cuda")

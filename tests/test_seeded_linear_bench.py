@@ -23,7 +23,9 @@ def test_a_launch_is_parsed_and_checked():
     assert str(SeededLaunch.parse("128/64/64/4/3/swap")) == "128/64/64/4/3/swap"
     assert SeededLaunch.parse("128/64/64/4/3/swap/tma") == SeededLaunch(128, 64, 64, 4, 3, swap=True, tma=True)
     assert str(SeededLaunch.parse("128/64/64/4/3/tma")) == "128/64/64/4/3/tma"
-    for bad, match in [("64/128/64/8", "expected"), ("64/128/64/8/3/swop", "expected"), ("64/128/64/8/swap", "expected"), ("64/128/64/8/3/tma/swap", "expected"), ("48/128/64/8/3", "power of two"), ("8/128/64/8/3", ">= 16"),
+    assert str(SeededLaunch.parse("128/64/64/4/3/swap/tma/words")) == "128/64/64/4/3/swap/tma/words"
+    assert SeededLaunch.parse("64/64/64/4/3/words") == SeededLaunch(64, 64, 64, 4, 3, words=True)
+    for bad, match in [("64/128/64/8", "expected"), ("64/128/64/8/3/swop", "expected"), ("64/128/64/8/swap", "expected"), ("64/128/64/8/3/tma/swap", "expected"), ("64/128/64/8/3/words/words", "expected"), ("48/128/64/8/3", "power of two"), ("8/128/64/8/3", ">= 16"),
                        ("64/128/16/8/3", "hash words"), ("64/128/64/3/3", "bad launch"), ("64/128/64/4/0", "bad launch")]:
         with pytest.raises(ValueError, match=match):
             SeededLaunch.parse(bad)
@@ -39,6 +41,9 @@ def test_the_config_refuses_launches_the_kernel_cannot_take():
     assert got[1].startswith("evidence.seeded_linear_bench.launches: seeded linear: bad launch")
     assert "include 1" in got[2]
     assert evidence_problems({"evidence": resolve("evidence", {})}) == []
+    words = resolve("evidence", {"engine_bench": {"seeded_launch": "32/64/64/4/3/words"},
+                                 "seeded_linear_bench": {"launches": ["32/64/64/4/3", "32/64/64/4/3/words"]}})
+    assert [p.split(":")[0] for p in evidence_problems({"evidence": words})] == ["evidence.engine_bench.seeded_launch"]
 
 
 @pytest.fixture(scope="module")

@@ -51,3 +51,12 @@ def test_forming_is_counted_per_weight():
     cost = slc.forming_cost(launch, slc.compile_launch(launch, False, K), slc.compile_launch(launch, True, K))
     # at least the add and half a two-way pack per weight, and the integer work of the signs
     assert cost["per_element"] > 2 and cost["by_pipe"]["fp32"] >= 1 and cost["by_pipe"]["alu"] > 1
+
+
+def test_a_words_launch_issues_fewer_instructions_per_formed_weight_than_hashing():
+    hashed = SeededLaunch(128, 64, 64, 4, 3, swap=True, tma=True)
+    read = SeededLaunch(128, 64, 64, 4, 3, swap=True, tma=True, words=True)
+    cost = {launch.words: slc.forming_cost(launch, slc.compile_launch(launch, False, K),
+                                           slc.compile_launch(launch, True, K))["per_element"]
+            for launch in (hashed, read)}
+    assert cost[True] < cost[False] - 0.5

@@ -156,9 +156,13 @@ def evidence_problems(config: dict[str, Any]) -> list[str]:
     for where, value in ([("evidence.engine_bench.seeded_launch", bench["seeded_launch"])]
                          + [("evidence.seeded_linear_bench.launches", v) for v in linears["launches"]]):
         try:
-            SeededLaunch.parse(value)
+            launch = SeededLaunch.parse(value)
         except ValueError as e:
             problems.append(f"{where}: {e}")
+            continue
+        if launch.words and where.startswith("evidence.engine_bench"):
+            problems.append(f"{where}: {value}: the engine makes no tables of hash words (/words launches are for "
+                            "evidence.seeded_linear_bench)")
     if 1 not in linears["seeds_per_step"]:
         problems.append(f"evidence.seeded_linear_bench.seeds_per_step {linears['seeds_per_step']}: include 1, the "
                         "single seed the others are compared with")

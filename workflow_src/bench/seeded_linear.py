@@ -11,7 +11,8 @@ One decoder layer's seven linears (q, k, v with their biases, o, gate, up, down)
   S single-seed decode steps: each seed's weights read once per seed);
 - per launch of `--launches` (kernels/seeded_linear.py's SeededLaunch): `unperturbed_ms`, the seeded kernel with
   nothing perturbed (its GEMM alone, the same row groups), and `seeded_ms`, the kernel forming each seed's
-  weights from the base in registers (what it forms costs the difference).
+  weights from the base in registers (what it forms costs the difference; a `/words` launch reads each seed's
+  hash words from tables made before the timed calls, 4 bytes per 32 weights and seed, instead of hashing).
 Each measurement is set against its floor at the measured copy bandwidth and matrix rate (bench/roofline.py): the
 layer's bytes (weights once for the seeded kernel, once per seed for `formed`; rows in and out) or its arithmetic
 (2 FLOP per weight and row), whichever is slower. The figure that decides a population decode's linears:
@@ -25,13 +26,21 @@ import argparse
 import json
 import platform
 import statistics
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
 from workflow_src.bench.roofline import ceilings
 from workflow_src.bench.timing import times_ms
-from workflow_src.kernels.seeded_linear import DEFAULT_LAUNCH, SeededLaunch, SeedRows, perturbed, seeded_linear
+from workflow_src.kernels.seeded_linear import (
+    DEFAULT_LAUNCH,
+    SeededLaunch,
+    SeedRows,
+    perturbed,
+    seeded_linear,
+    sign_words_table,
+)
 from workflow_src.model.shapes import SHORT_NAMES, architecture
 from workflow_src.noise import schemes
 
@@ -96,11 +105,16 @@ def measure(linears: list[dict], seeds_per_step: list[int], rows: int, launches:
                     F.linear(x[lin["name"]][i * rows:(i + 1) * rows], w, b)
 
         def seeded_layer(launch: SeededLaunch, perturb: bool):
+            # a /words launch reads each seed's hash words from tables made here, outside the timed calls
+            words = {lin["name"]: sign_words_table(lin["weight"], groups, lin["weight_offset"])
+                     for lin in linears} if launch.words and perturb else {}
+            plain = replace(launch, words=False) if not perturb else launch
+
             def run():
                 for lin in linears:
                     seeded_linear(x[lin["name"]], lin["weight"], lin["bias"], groups,
                                   lin["weight_offset"] if perturb else None, lin["bias_offset"] if perturb else None,
-                                  scheme=SCHEME, backend="triton", launch=launch)
+                                  scheme=SCHEME, backend="triton", launch=plain, words=words.get(lin["name"]))
             return run
 
         def timed(fn) -> dict:

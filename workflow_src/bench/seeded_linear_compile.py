@@ -30,9 +30,9 @@ from workflow_src.kernels import seeded_linear as sl
 from workflow_src.provenance.stamp import provenance
 
 _SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16", "row0_ptr": "*i32",
-              "rows_ptr": "*i32", "seed_ptr": "*i64", "sigma_ptr": "*fp32", "N": "i32", "w_offset": "i64",
-              "b_offset": "i64", "M_TILES": "i32"}
-_ALIGNED = ("x_ptr", "w_ptr", "b_ptr", "y_ptr", "row0_ptr", "rows_ptr", "seed_ptr", "sigma_ptr", "N")
+              "rows_ptr": "*i32", "seed_ptr": "*i64", "sigma_ptr": "*fp32", "words_ptr": "*i32", "words_stride": "i64",
+              "N": "i32", "w_offset": "i64", "b_offset": "i64", "M_TILES": "i32"}
+_ALIGNED = ("x_ptr", "w_ptr", "b_ptr", "y_ptr", "row0_ptr", "rows_ptr", "seed_ptr", "sigma_ptr", "words_ptr", "N")
 # A warpgroup dot whose first operand is a tensor in the dot-operand layout (registers), not a shared memory view.
 _REGISTER_A = re.compile(r"ttng\.warp_group_dot %\S+, .*: tensor<[^>]*#ttg\.dot_op<\{opIdx = 0")
 
@@ -40,7 +40,7 @@ _REGISTER_A = re.compile(r"ttng\.warp_group_dot %\S+, .*: tensor<[^>]*#ttg\.dot_
 def compile_launch(launch: sl.SeededLaunch, perturb: bool, k: int, arch: int = 90):
     """The compiled bf16 kernel of `launch` for inputs of width k, forming the weights or not."""
     constexprs = {"K": k, "KIND": 1, "HAND": False, "INTERP": False, "PERTURB_W": perturb, "HAS_BIAS": False,
-                  "PERTURB_B": False, "ALIGNED": True, "SWAP": launch.swap, "TMA": launch.tma,
+                  "PERTURB_B": False, "ALIGNED": True, "SWAP": launch.swap, "TMA": launch.tma, "WORDS": launch.words,
                   "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k}
     signature, aligned = dict(_SIGNATURE), _ALIGNED
     if launch.tma:  # the rows' and the weight's tiles through host-made tensor descriptors

@@ -49,6 +49,9 @@ class SeededWeights:
         self._signs_at = schemes.signs_at_function(scheme)  # refuses the schemes a population decode cannot form
         if backend not in BACKENDS:
             raise ValueError(f"population decode: backend {backend!r}; known: {list(BACKENDS)}")
+        if launch.words:
+            raise ValueError(f"population decode: launch {launch} reads hash words from tables the engine does not "
+                             "make (target seeded_linear_bench measures /words launches); drop /words")
         if backend == "triton" and scheme not in TRITON_SCHEMES:
             raise ValueError(f"population decode: the triton backend forms {', '.join(TRITON_SCHEMES)} weights, "
                              f"not {scheme!r}")

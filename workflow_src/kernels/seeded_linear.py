@@ -49,12 +49,13 @@ from workflow_src.kernels.triton_common import (
     store_rounded,
     widen_f32,
 )
-from workflow_src.noise import schemes
+from workflow_src.noise import schemes, speedproof_v2
 from workflow_src.noise import speedproof as noise
 
 BACKENDS = ("reference", "triton")
 TRITON_SCHEMES = ("speedproof-v2",)
 WORD = 32  # elements per speedproof-v2 hash
+FLAGS = ("swap", "tma", "words")  # a launch's optional flags, in the order its string names them
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,9 @@ class SeededLaunch:
     (on Hopper, wgmma's A operand comes from registers, where the tile is formed; the right one, the rows, from
     shared memory); otherwise y = x · W_sᵀ. `tma`: the row and weight tiles come through tensor descriptors (on
     Hopper, the bulk tensor copy engine: one instruction a tile, no address arithmetic per element); a compiled
-    launch needs a GPU of compute capability 9 or more and rows 16-byte aligned."""
+    launch needs a GPU of compute capability 9 or more and rows 16-byte aligned. `words`: each seed's hash words
+    are read from a table made beforehand (`sign_words_table`) instead of hashed in the kernel, 4 bytes per 32
+    weights and seed; the caller makes and keeps the tables."""
     block_m: int = 32
     block_n: int = 64
     block_k: int = 64
@@ -75,6 +78,7 @@ class SeededLaunch:
     num_stages: int = 3
     swap: bool = False
     tma: bool = False
+    words: bool = False
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -88,18 +92,18 @@ class SeededLaunch:
 
     @classmethod
     def parse(cls, value: str) -> "SeededLaunch":
-        """`block_m/block_n/block_k/num_warps/num_stages[/swap][/tma]`, e.g. 64/128/64/8/3 or
+        """`block_m/block_n/block_k/num_warps/num_stages[/swap][/tma][/words]`, e.g. 64/128/64/8/3 or
         128/128/64/4/4/swap/tma."""
         parts = value.split("/")
         flags = parts[5:]
-        if (len(parts) < 5 or not all(p.isdigit() for p in parts[:5])
-                or flags not in ([], ["swap"], ["tma"], ["swap", "tma"])):
+        if (len(parts) < 5 or not all(p.isdigit() for p in parts[:5]) or len(set(flags)) != len(flags)
+                or flags != [f for f in FLAGS if f in flags]):
             raise ValueError(f"seeded linear launch {value!r}: expected block_m/block_n/block_k/num_warps/"
-                             "num_stages[/swap][/tma], e.g. 64/128/64/8/3 or 128/128/64/4/4/swap/tma")
-        return cls(*map(int, parts[:5]), swap="swap" in flags, tma="tma" in flags)
+                             "num_stages[/swap][/tma][/words], e.g. 64/128/64/8/3 or 128/128/64/4/4/swap/tma")
+        return cls(*map(int, parts[:5]), **{f: f in flags for f in FLAGS})
 
     def __str__(self) -> str:
-        tail = "/swap" * self.swap + "/tma" * self.tma
+        tail = "".join(f"/{f}" for f in FLAGS if getattr(self, f))
         return f"{self.block_m}/{self.block_n}/{self.block_k}/{self.num_warps}/{self.num_stages}{tail}"
 
 
@@ -138,10 +142,11 @@ def perturbed(base: torch.Tensor, seed: int, sigma: float, offset: int, scheme: 
 def seeded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, groups: list[SeedRows],
                   weight_offset: int, bias_offset: int | None = None, scheme: str = "speedproof-v2",
                   backend: str = "reference", interpret: bool | None = None,
-                  launch: SeededLaunch = DEFAULT_LAUNCH) -> torch.Tensor:
+                  launch: SeededLaunch = DEFAULT_LAUNCH, words: torch.Tensor | None = None) -> torch.Tensor:
     """y [M, N] of x [M, K] for base weight [N, K] and base bias [N] (or None) at global index offsets
     `weight_offset` and `bias_offset` (noise.layout's; a parameter left unperturbed is passed as
-    `weight_offset=None` / `bias_offset=None` and used as it is). `launch`: the triton backend's."""
+    `weight_offset=None` / `bias_offset=None` and used as it is). `launch`: the triton backend's; with its
+    `words`, `words` is the groups' table of the weight's hash words (`sign_words_table`)."""
     schemes.check_scheme(scheme)
     if backend not in BACKENDS:
         raise ValueError(f"seeded linear: backend {backend!r}; known: {list(BACKENDS)}")
@@ -159,7 +164,37 @@ def seeded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if scheme not in TRITON_SCHEMES:
         raise ValueError(f"seeded linear: the triton backend forms the {', '.join(TRITON_SCHEMES)} scheme's "
                          f"weights, not {scheme!r} (use backend reference)")
-    return _triton(x, weight, bias, groups, weight_offset, bias_offset, resolve_interpret(x, interpret), launch)
+    if launch.words:
+        check_words(words, weight, groups, weight_offset)
+    elif words is not None:
+        raise ValueError(f"seeded linear: a table of hash words was given to launch {launch}, which hashes in the "
+                         "kernel (add /words)")
+    return _triton(x, weight, bias, groups, weight_offset, bias_offset, resolve_interpret(x, interpret), launch,
+                   words)
+
+
+def sign_words_table(weight: torch.Tensor, groups: list[SeedRows], weight_offset: int) -> torch.Tensor:
+    """The hash words of `weight` (at global index `weight_offset`) for each group's seed: int32
+    [len(groups), N·K / 32], a row per group, in the weight's element order (noise/speedproof_v2.py's
+    `sign_words`). The weight's offset and width must be whole words."""
+    if weight_offset is None or weight_offset % WORD or weight.shape[1] % WORD:
+        raise ValueError(f"seeded linear: hash words need the weight's offset ({weight_offset}) and width "
+                         f"({weight.shape[1]}) in whole {WORD}-weight words")
+    count = weight.numel() // WORD
+    return torch.stack([speedproof_v2.sign_words(g.seed, weight_offset // WORD, count, weight.device) for g in groups])
+
+
+def check_words(words: torch.Tensor | None, weight: torch.Tensor, groups: list[SeedRows], weight_offset) -> None:
+    """A /words launch's table: one int32 row of the weight's hash words per group, each row contiguous."""
+    if weight_offset is None or weight_offset % WORD or weight.shape[1] % WORD:
+        raise ValueError(f"seeded linear: a /words launch needs the weight perturbed at an offset ({weight_offset}) "
+                         f"and a width ({weight.shape[1]}) of whole {WORD}-weight words")
+    want = (len(groups), weight.numel() // WORD)
+    if (words is None or words.dtype != torch.int32 or words.dim() != 2 or tuple(words.shape) != want
+            or words.stride(1) != 1 or words.device != weight.device):
+        got = None if words is None else f"{words.dtype} {tuple(words.shape)} on {words.device}"
+        raise ValueError(f"seeded linear: a /words launch takes an int32 table {want} of hash words with contiguous "
+                         f"rows on {weight.device} (sign_words_table), got {got}")
 
 
 def _reference_rows(x, weight, bias, g: SeedRows, weight_offset, bias_offset, scheme):
@@ -173,10 +208,10 @@ def _v2_flip(index, seed):
     return ((_murmur3_key(index >> 5, seed) >> (index & 31).to(tl.uint32)) & 1) << 31
 
 
-def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr, sigma_ptr, N, w_offset, b_offset,
-                        M_TILES, K: tl.constexpr, KIND: tl.constexpr, HAND: tl.constexpr, INTERP: tl.constexpr,
+def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr, sigma_ptr, words_ptr, words_stride,
+                        N, w_offset, b_offset, M_TILES, K: tl.constexpr, KIND: tl.constexpr, HAND: tl.constexpr, INTERP: tl.constexpr,
                         PERTURB_W: tl.constexpr, HAS_BIAS: tl.constexpr, PERTURB_B: tl.constexpr, ALIGNED: tl.constexpr,
-                        SWAP: tl.constexpr, TMA: tl.constexpr,
+                        SWAP: tl.constexpr, TMA: tl.constexpr, WORDS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # K is a constant: the interpreter cannot bound a loop by a run-time value (one compilation per width).
     # axis 0: (seed group, row tile), axis 1: column tile; axis 0 varies fastest in the launch order, so every
@@ -214,9 +249,15 @@ def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr
                     xt, w = tl.load(x_at, mask=x_ok, other=0.0), tl.load(w_at, mask=w_ok, other=0.0)
             if PERTURB_W:
                 if ALIGNED:  # a tile row's BLOCK_K weights are BLOCK_K / 32 whole words: one hash per word
-                    words = ((w_offset + w_rows + k0) >> 5)[:, None] + tl.arange(0, BLOCK_K // 32)[None, :]
-                    h = tl.reshape(tl.broadcast_to(_murmur3_key(words, seed)[:, :, None], [BLOCK_N, BLOCK_K // 32, 32]),
-                                   [BLOCK_N, BLOCK_K])
+                    if WORDS:  # the seed's words made beforehand: this weight's own, in order, a row per group
+                        at = ((w_rows + k0) >> 5)[:, None] + tl.arange(0, BLOCK_K // 32)[None, :]
+                        ok = n_ok[:, None] & (k0 + 32 * tl.arange(0, BLOCK_K // 32) < K)[None, :]
+                        hw = tl.load(words_ptr + group.to(tl.int64) * words_stride + at, mask=ok, other=0)
+                        hw = hw.to(tl.uint32, bitcast=True)
+                    else:
+                        hw = _murmur3_key(((w_offset + w_rows + k0) >> 5)[:, None]
+                                          + tl.arange(0, BLOCK_K // 32)[None, :], seed)
+                    h = tl.reshape(tl.broadcast_to(hw[:, :, None], [BLOCK_N, BLOCK_K // 32, 32]), [BLOCK_N, BLOCK_K])
                     flip = ((h >> (rk & 31).to(tl.uint32)[None, :]) & 1) << 31
                 else:
                     flip = _v2_flip(w_offset + w_rows[:, None] + rk[None, :], seed)
@@ -261,7 +302,7 @@ def _kernel(interpret: bool):
         raise ImportError("the seeded linear kernel needs triton (requirements.txt pins it)")
     (kernel,) = jit_in_mode(interpret, (_seeded_linear_body,),
                             helpers=(load_f32, widen_f32, round_to, store_rounded, _key_mix, _state_step, _fmix32, _murmur3_key, _v2_flip),
-                            do_not_specialize=("w_offset", "b_offset", "M_TILES"))
+                            do_not_specialize=("w_offset", "b_offset", "M_TILES", "words_stride"))
     return kernel
 
 
@@ -284,7 +325,7 @@ def group_tables(groups: list[SeedRows], device: torch.device) -> tuple[torch.Te
     return _group_tables(tuple((g.row0, g.rows, g.seed, float(g.sigma).hex()) for g in groups), device)
 
 
-def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, launch: SeededLaunch):
+def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, launch: SeededLaunch, words=None):
     block_m, block_n, block_k = launch.block_m, launch.block_n, launch.block_k
     M, K = x.shape
     N = weight.shape[0]
@@ -302,10 +343,12 @@ def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, laun
         xs, ws = _descriptors(xs, ws, launch, interpret)
     _kernel(interpret)[grid](
         xs, ws, view(bias) if bias is not None else view(x), view(y),
-        row0, rows, seeds, sigmas, N, weight_offset or 0, bias_offset or 0, m_tiles, K=K, KIND=kind,
-        HAND=interpret and kind == 1, INTERP=interpret, PERTURB_W=weight_offset is not None, HAS_BIAS=bias is not None,
-        PERTURB_B=bias is not None and bias_offset is not None, ALIGNED=aligned, SWAP=launch.swap, TMA=launch.tma, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=launch.num_warps, num_stages=launch.num_stages)
+        row0, rows, seeds, sigmas, seeds if words is None else words, 0 if words is None else words.stride(0), N,
+        weight_offset or 0, bias_offset or 0, m_tiles, K=K, KIND=kind, HAND=interpret and kind == 1, INTERP=interpret,
+        PERTURB_W=weight_offset is not None, HAS_BIAS=bias is not None,
+        PERTURB_B=bias is not None and bias_offset is not None, ALIGNED=aligned, SWAP=launch.swap, TMA=launch.tma,
+        WORDS=words is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=launch.num_warps,
+        num_stages=launch.num_stages)
     return y
 
 

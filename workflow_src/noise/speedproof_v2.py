@@ -43,3 +43,11 @@ def signs_at(seed: int, index: torch.Tensor) -> torch.Tensor:
     """R(seed, i) for an int64 tensor of indices in any order (an embedding's gathered rows), as int8 ±1."""
     h = hash32_tensor(seed, index >> 5)
     return (1 - 2 * ((h >> (index & (WORD_BITS - 1))) & 1)).to(torch.int8)
+
+
+def sign_words(seed: int, first_word: int, count: int, device: str | torch.device = "cpu") -> torch.Tensor:
+    """h(seed, k) for words k = first_word … first_word + count − 1 as int32 (the hash's 32 bits; bit j is the
+    sign of element 32k + j): a seed's words precomputed, for a kernel that reads its signs instead of hashing."""
+    idx = _indices(first_word, count, device)
+    h = hash32_tensor(seed, idx)
+    return (h - ((h >> 31) << 32)).to(torch.int32)  # the same 32 bits, in int32's range
