@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # One piece of a workflow target on a GPU host lent in calls of a few minutes (docs/rl-subject.md, "Evidence over
 # several device windows"), run from the checkout's root:
-#   bash scripts/gpu_piece.sh SECONDS OUTDIR -- SNAKEMAKE_ARGS...
-# Installs the carried wheels (.whl/, scripts/device_wheels.sh) when the host lacks Snakemake; rebuilds every
+#   [RESTORE=FILE] bash scripts/gpu_piece.sh SECONDS OUTDIR -- SNAKEMAKE_ARGS...
+# Unpacks RESTORE (the last piece's results.tar.gz, carried under a git-ignored path such as .whl/) when given;
+# says so when the checkout is not clean (every record then says dirty, and `make keep` refuses it: the device's
+# copy of a checkout does not take its .git/info/exclude, so carry files under a .gitignore'd path);
+# installs the carried wheels (.whl/, scripts/device_wheels.sh) when the host lacks Snakemake; rebuilds every
 # checkpoint whose MANIFEST.json came carried under results/checkpoints (weights are too large to carry) and
 # checks that its manifest equals the carried one, dated back so Snakemake does not take the rebuild for changed
 # input; runs Snakemake for at most SECONDS; then packs results/ and .snakemake/ (checkpoint weights left out) into
@@ -19,6 +22,12 @@ for ((i = 1; i <= $#; i++)); do  # the run's --configfile files, for the checkpo
     done
   fi
 done
+if [ -n "${RESTORE:-}" ]; then
+  tar xzf "$RESTORE" || { echo "gpu_piece: cannot unpack RESTORE=$RESTORE" >&2; exit 2; }
+  echo "gpu_piece: unpacked $RESTORE"
+fi
+changed=$(git status --porcelain 2>/dev/null | head -5 | tr '\n' ' ')
+[ -z "$changed" ] || echo "gpu_piece: the checkout is not clean here ($changed); records made now say dirty" >&2
 if ! python3 -c "import snakemake" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
