@@ -60,3 +60,17 @@ def test_a_words_launch_issues_fewer_instructions_per_formed_weight_than_hashing
                                            slc.compile_launch(launch, True, K))["per_element"]
             for launch in (hashed, read)}
     assert cost[True] < cost[False] - 0.5
+
+
+@pytest.mark.parametrize("launch,dtype,arch,aligned_words", [
+    (DEFAULT_LAUNCH, "fp16", 90, False),  # a word-straddling offset: each weight hashes its own word
+    (SeededLaunch(64, 64, 64, 4, 3, tma=True), "fp32", 90, True),
+    (DEFAULT_LAUNCH, "bf16", 80, True),  # an Ampere card: no wgmma, no tensor descriptors
+], ids=str)
+def test_the_compiled_paths_the_interpreter_never_takes_compile(launch, dtype, arch, aligned_words):
+    """The stored-dtype loads and stores, the bias and the tensor-descriptor reads exist only compiled: each must
+    at least compile, for the dtypes and cards a population decode meets."""
+    compiled = slc.compile_launch(launch, True, K, arch, dtype=dtype, bias=True, aligned_words=aligned_words)
+    # fp32 products stay exact (input_precision "ieee": the FMA units, no tensor-core instruction)
+    want = "none" if dtype == "fp32" else "mma.sync" if arch < 90 or launch.block_m < 64 else "wgmma"
+    assert slc.structure(compiled, True)["matrix"] == want

@@ -37,15 +37,20 @@ _ALIGNED = ("x_ptr", "w_ptr", "b_ptr", "y_ptr", "row0_ptr", "rows_ptr", "seed_pt
 _REGISTER_A = re.compile(r"ttng\.warp_group_dot %\S+, .*: tensor<[^>]*#ttg\.dot_op<\{opIdx = 0")
 
 
-def compile_launch(launch: sl.SeededLaunch, perturb: bool, k: int, arch: int = 90):
-    """The compiled bf16 kernel of `launch` for inputs of width k, forming the weights or not."""
-    constexprs = {"K": k, "KIND": 1, "HAND": False, "INTERP": False, "PERTURB_W": perturb, "HAS_BIAS": False,
-                  "PERTURB_B": False, "ALIGNED": True, "SWAP": launch.swap, "TMA": launch.tma, "WORDS": launch.words,
-                  "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k}
-    signature, aligned = dict(_SIGNATURE), _ALIGNED
+def compile_launch(launch: sl.SeededLaunch, perturb: bool, k: int, arch: int = 90, dtype: str = "bf16",
+                   bias: bool = False, aligned_words: bool = True):
+    """The compiled kernel of `launch` for inputs of width k in `dtype` (bf16, fp16, fp32), forming the weights or
+    not, with a bias (perturbed when the weights are) or not, the weight's offset in whole hash words or not."""
+    kind = {"fp32": 0, "bf16": 1, "fp16": 2}[dtype]
+    constexprs = {"K": k, "KIND": kind, "HAND": False, "INTERP": False, "PERTURB_W": perturb, "HAS_BIAS": bias,
+                  "PERTURB_B": bias and perturb, "ALIGNED": aligned_words, "SWAP": launch.swap, "TMA": launch.tma,
+                  "WORDS": launch.words, "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n,
+                  "BLOCK_K": launch.block_k}
+    signature = {name: f"*{dtype}" if kind_ == "*bf16" else kind_ for name, kind_ in _SIGNATURE.items()}
+    aligned = _ALIGNED
     if launch.tma:  # the rows' and the weight's tiles through host-made tensor descriptors
-        signature["x_ptr"] = f"tensordesc<bf16[{launch.block_m}, {launch.block_k}]>"
-        signature["w_ptr"] = f"tensordesc<bf16[{launch.block_n}, {launch.block_k}]>"
+        signature["x_ptr"] = f"tensordesc<{dtype}[{launch.block_m}, {launch.block_k}]>"
+        signature["w_ptr"] = f"tensordesc<{dtype}[{launch.block_n}, {launch.block_k}]>"
         aligned = tuple(a for a in _ALIGNED if a not in ("x_ptr", "w_ptr"))
     return offline_compile.compile_kernel(sl._kernel(False), signature, constexprs, aligned, arch,
                                           launch.num_warps, launch.num_stages)
