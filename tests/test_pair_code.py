@@ -183,3 +183,20 @@ def test_tables_show_millisecond_steps_with_their_digits():
                faster_baseline="B", ratio=0.04051 / 0.0203)
     row = table_rows([w])[0]
     assert row[1:5] == ("0.0412", "0.0203", "0.0405", "0.0405 (B)")
+
+
+def test_a_worktree_is_made_under_the_repositorys_lock(pair_repo, tmp_path):
+    """Two sides prepared at once must not interleave their worktree commands (one's prune removes what the
+    other's add is making): while the lock is held elsewhere, no worktree appears; once released, it does."""
+    import threading
+
+    from workflow_src.provenance.code import make_worktree, worktree_lock
+    commit = git(pair_repo, "rev-parse", "main")
+    where = tmp_path / "work" / "optimized"
+    with worktree_lock(pair_repo):
+        made = threading.Thread(target=make_worktree, args=(pair_repo, commit, where))
+        made.start()
+        made.join(timeout=1.0)
+        assert made.is_alive() and not where.exists()
+    made.join(timeout=60)
+    assert not made.is_alive() and git(where, "rev-parse", "HEAD") == commit

@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import filelock
+
 from workflow_src.provenance.atomic import atomic_write_json
 from workflow_src.provenance.hashing import sha256_file, sha256_json
 
@@ -196,15 +198,25 @@ def runs_in(identity: Mapping[str, Any], worktree: str | Path) -> str | None:
     return str(Path(worktree).resolve()) if identity["ref"] is not None else identity["repo"]
 
 
+def worktree_lock(repo: Path) -> filelock.FileLock:
+    """The lock held while a repository's worktrees change. The two sides of a pair are prepared by two jobs at
+    once, and one's `git worktree prune` removes the empty `.git/worktrees` that the other's `git worktree add` is
+    filling ("could not create directory of '.git/worktrees/optimized'"). It sits in the repository's common git
+    directory, so workflows in other folders over the same repository take it too."""
+    common = Path(git_out(repo, "rev-parse", "--git-common-dir").strip())
+    return filelock.FileLock(str((common if common.is_absolute() else repo / common) / "speedproof-worktrees.lock"))
+
+
 def make_worktree(repo: Path, commit: str, path: Path) -> None:
     """A detached git worktree of `repo` at `commit` (replacing one left at `path` by an earlier run)."""
     path = path.resolve()
-    if path.exists():
-        _git(repo, "worktree", "remove", "--force", str(path))
-        shutil.rmtree(path, ignore_errors=True)
-    _git(repo, "worktree", "prune")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    git_out(repo, "worktree", "add", "--detach", "--force", str(path), commit)
+    with worktree_lock(repo):
+        if path.exists():
+            _git(repo, "worktree", "remove", "--force", str(path))
+            shutil.rmtree(path, ignore_errors=True)
+        _git(repo, "worktree", "prune")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        git_out(repo, "worktree", "add", "--detach", "--force", str(path), commit)
     head = git_out(path, "rev-parse", "HEAD").strip()
     if head != commit or dirty_lines(path):
         raise CodeError(f"the worktree {path} is not a clean checkout of {commit}")
