@@ -173,22 +173,30 @@ def seeded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                    words)
 
 
+def whole_words(weight_offset: int | None, width: int) -> bool:
+    """Whether a perturbed weight's rows are whole hash words (its offset and width multiples of 32), so a tile
+    row of BLOCK_K weights takes BLOCK_K / 32 hashes and its words can be tabled."""
+    return weight_offset is not None and weight_offset % WORD == 0 and width % WORD == 0
+
+
+def _require_whole_words(weight: torch.Tensor, weight_offset: int | None) -> None:
+    if not whole_words(weight_offset, weight.shape[1]):
+        raise ValueError(f"seeded linear: hash words need the weight perturbed at an offset ({weight_offset}) and a "
+                         f"width ({weight.shape[1]}) of whole {WORD}-weight words")
+
+
 def sign_words_table(weight: torch.Tensor, groups: list[SeedRows], weight_offset: int) -> torch.Tensor:
     """The hash words of `weight` (at global index `weight_offset`) for each group's seed: int32
     [len(groups), N·K / 32], a row per group, in the weight's element order (noise/speedproof_v2.py's
     `sign_words`). The weight's offset and width must be whole words."""
-    if weight_offset is None or weight_offset % WORD or weight.shape[1] % WORD:
-        raise ValueError(f"seeded linear: hash words need the weight's offset ({weight_offset}) and width "
-                         f"({weight.shape[1]}) in whole {WORD}-weight words")
+    _require_whole_words(weight, weight_offset)
     count = weight.numel() // WORD
     return torch.stack([speedproof_v2.sign_words(g.seed, weight_offset // WORD, count, weight.device) for g in groups])
 
 
 def check_words(words: torch.Tensor | None, weight: torch.Tensor, groups: list[SeedRows], weight_offset) -> None:
     """A /words launch's table: one int32 row of the weight's hash words per group, each row contiguous."""
-    if weight_offset is None or weight_offset % WORD or weight.shape[1] % WORD:
-        raise ValueError(f"seeded linear: a /words launch needs the weight perturbed at an offset ({weight_offset}) "
-                         f"and a width ({weight.shape[1]}) of whole {WORD}-weight words")
+    _require_whole_words(weight, weight_offset)
     want = (len(groups), weight.numel() // WORD)
     if (words is None or words.dtype != torch.int32 or words.dim() != 2 or tuple(words.shape) != want
             or words.stride(1) != 1 or words.device != weight.device):
@@ -333,7 +341,7 @@ def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, laun
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     row0, rows, seeds, sigmas = group_tables(groups, x.device)
     m_tiles = triton.cdiv(max(g.rows for g in groups), block_m)
-    aligned = weight_offset is not None and weight_offset % WORD == 0 and K % WORD == 0
+    aligned = whole_words(weight_offset, K)
     kind = KIND[x.dtype]
     grid = (len(groups) * m_tiles, triton.cdiv(N, block_n))
     # The interpreter reads bf16 and fp16 as int16 bits (numpy has neither); compiled, the kernel reads them as they are.
