@@ -49,3 +49,24 @@ def test_a_gpu_bound_call_keeps_the_gpu_busy_and_a_sleeping_one_does_not():
     _, busy = profiled(lambda: [a @ a for _ in range(50)])
     _, idle = profiled(lambda: (a @ a, time.sleep(0.2)))
     assert busy["share"] > 0.8 and idle["share"] < 0.2 and busy["activities"] >= 50
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_the_raw_results_hold_the_intervals_the_profilers_event_list_does():
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from workflow_src.subjects.rl.gpu_busy import device_spans
+    a = torch.randn(2048, 2048, device="cuda")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            (a @ a).relu_().sum()
+        a.cpu()
+        torch.cuda.synchronize()
+    raw = device_spans(prof)
+    listed = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    assert len(raw) == len(listed) >= 60
+    # the event list counts whole microseconds from the trace's start; the raw results count nanoseconds
+    assert abs(union_seconds(raw) / 1e9 - union_seconds(listed) / 1e6) <= 2e-6 * len(raw)
