@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from workflow_src.kernels.perturb import reconstruct_triton
 from workflow_src.kernels.seeded_linear import (
     DEFAULT_LAUNCH,
+    WORD32_END,
     SeededLaunch,
     SeedRows,
     perturbed,
@@ -71,6 +72,25 @@ def test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, off
         want = perturbed(b0, seed, sigma, offset + 77, "speedproof-v2")
         assert torch.equal(y[3 * i:3 * i + 3], want.expand(3, -1))
 
+
+
+@pytest.mark.parametrize("launch", [DEFAULT_LAUNCH, DESCRIBED], ids=str)
+@pytest.mark.parametrize("past", [0, 32], ids=["ends-at-the-last-32-bit-word", "reaches-past-32-bit-words"])
+def test_word_indices_at_the_top_of_32_bits_form_the_reconstruct_kernels_weights(launch, past):
+    """A tensor whose word indices fit 32 bits hashes 32-bit keys; one that reaches past them, the 64-bit keys;
+    both are the reconstruct kernel's bits, the first up to its last word 2**32 − 1."""
+    k, n = 64, 48
+    offset = WORD32_END - n * k + past
+    w0 = base((n, k), torch.bfloat16)
+    sigmas = (1e-3, 0.02, -3e-3)
+    eye = torch.eye(k, dtype=torch.bfloat16).repeat(len(SEEDS), 1)
+    y = seeded_linear(eye, w0, None, identity_groups(k, SEEDS, sigmas), offset, backend="triton", launch=launch)
+    for i, (seed, sigma) in enumerate(zip(SEEDS, sigmas)):
+        want = torch.empty_like(w0)
+        reconstruct_triton(w0, want, seed, sigma, offset, scheme="speedproof-v2")
+        assert torch.equal(y[i * k:(i + 1) * k].T.contiguous().view(torch.uint8), want.view(torch.uint8)), seed
+        shifted = perturbed(w0, seed, sigma, offset - WORD32_END // 2, "speedproof-v2")  # negative control
+        assert not torch.equal(y[i * k:(i + 1) * k].T.contiguous(), shifted)
 
 def test_each_seeds_rows_are_its_own_linear_layer():
     """Reference backend: bit for bit F.linear over the seed's rows on reconstructed weights; triton: the same

@@ -53,13 +53,14 @@ def test_forming_is_counted_per_weight():
     assert cost["per_element"] > 2 and cost["by_pipe"]["fp32"] >= 1 and cost["by_pipe"]["alu"] > 1
 
 
-def test_a_words_launch_issues_fewer_instructions_per_formed_weight_than_hashing():
+def test_32_bit_keys_and_tabled_words_each_take_hashing_work_off_a_formed_weight():
     hashed = SeededLaunch(128, 64, 64, 4, 3, swap=True, tma=True)
     read = SeededLaunch(128, 64, 64, 4, 3, swap=True, tma=True, words=True)
-    cost = {launch.words: slc.forming_cost(launch, slc.compile_launch(launch, False, K),
-                                           slc.compile_launch(launch, True, K))["per_element"]
-            for launch in (hashed, read)}
-    assert cost[True] < cost[False] - 0.5
+    plain = slc.compile_launch(hashed, False, K)
+    cost = {name: slc.forming_cost(launch, plain, slc.compile_launch(launch, True, K, word32=word32))["per_element"]
+            for name, launch, word32 in (("64-bit keys", hashed, False), ("32-bit keys", hashed, True),
+                                         ("words", read, False))}
+    assert cost["32-bit keys"] < cost["64-bit keys"] - 1 and cost["words"] < cost["64-bit keys"] - 0.5, cost
 
 
 @pytest.mark.parametrize("launch,dtype,arch,aligned_words", [

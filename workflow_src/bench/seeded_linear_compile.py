@@ -38,13 +38,14 @@ _REGISTER_A = re.compile(r"ttng\.warp_group_dot %\S+, .*: tensor<[^>]*#ttg\.dot_
 
 
 def compile_launch(launch: sl.SeededLaunch, perturb: bool, k: int, arch: int = 90, dtype: str = "bf16",
-                   bias: bool = False, aligned_words: bool = True):
+                   bias: bool = False, aligned_words: bool = True, word32: bool = True):
     """The compiled kernel of `launch` for inputs of width k in `dtype` (bf16, fp16, fp32), forming the weights or
-    not, with a bias (perturbed when the weights are) or not, the weight's offset in whole hash words or not."""
+    not, with a bias (perturbed when the weights are) or not, the weight's offset in whole hash words or not, its
+    word indices in 32 bits (a model's weights below 2**37 elements, as every Qwen2.5 shape) or not."""
     kind = {"fp32": 0, "bf16": 1, "fp16": 2}[dtype]
     constexprs = {"K": k, "KIND": kind, "HAND": False, "INTERP": False, "PERTURB_W": perturb, "HAS_BIAS": bias,
                   "PERTURB_B": bias and perturb, "ALIGNED": aligned_words, "SWAP": launch.swap, "TMA": launch.tma,
-                  "WORDS": launch.words, "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n,
+                  "WORDS": launch.words, "WORD32": word32 and aligned_words and not launch.words, "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n,
                   "BLOCK_K": launch.block_k}
     signature = {name: f"*{dtype}" if kind_ == "*bf16" else kind_ for name, kind_ in _SIGNATURE.items()}
     aligned = _ALIGNED

@@ -80,6 +80,13 @@ def _murmur3_key(key, seed):
     return _fmix32(h ^ 8)
 
 
+def _murmur3_word(key, seed):
+    """_murmur3_key's bits for keys below 2**32, given as uint32: their high word is zero, which _key_mix takes to
+    zero, so its step is the state update alone and no 64-bit arithmetic forms the key."""
+    h = _state_step((tl.full(key.shape, 0, tl.uint32) + seed) ^ _key_mix(key))
+    return _fmix32(_state_step(h) ^ 8)
+
+
 def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
                       IN_KIND: tl.constexpr, OUT_KIND: tl.constexpr, BLOCK: tl.constexpr,
                       FROM_PTR: tl.constexpr = False, LITERAL: tl.constexpr = False, MASKED: tl.constexpr = True,

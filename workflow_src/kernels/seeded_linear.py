@@ -38,7 +38,7 @@ try:
 except ImportError:  # pragma: no cover - the triton backend then raises
     triton = tl = TensorDescriptor = None
 
-from workflow_src.kernels.perturb import _fmix32, _key_mix, _murmur3_key, _state_step
+from workflow_src.kernels.perturb import _fmix32, _key_mix, _murmur3_key, _murmur3_word, _state_step
 from workflow_src.kernels.triton_common import (
     KIND,
     bits_view,
@@ -55,6 +55,8 @@ from workflow_src.noise import speedproof as noise
 BACKENDS = ("reference", "triton")
 TRITON_SCHEMES = ("speedproof-v2",)
 WORD = 32  # elements per speedproof-v2 hash
+# Word indices of a tensor below this element index fit 32 bits: its hashes take 32-bit keys (_murmur3_word).
+WORD32_END = 2 ** 32 * WORD
 FLAGS = ("swap", "tma", "words")  # a launch's optional flags, in the order its string names them
 
 
@@ -219,7 +221,7 @@ def _v2_flip(index, seed):
 def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr, sigma_ptr, words_ptr, words_stride,
                         N, w_offset, b_offset, M_TILES, K: tl.constexpr, KIND: tl.constexpr, HAND: tl.constexpr, INTERP: tl.constexpr,
                         PERTURB_W: tl.constexpr, HAS_BIAS: tl.constexpr, PERTURB_B: tl.constexpr, ALIGNED: tl.constexpr,
-                        SWAP: tl.constexpr, TMA: tl.constexpr, WORDS: tl.constexpr,
+                        SWAP: tl.constexpr, TMA: tl.constexpr, WORDS: tl.constexpr, WORD32: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # K is a constant: the interpreter cannot bound a loop by a run-time value (one compilation per width).
     # axis 0: (seed group, row tile), axis 1: column tile; axis 0 varies fastest in the launch order, so every
@@ -240,6 +242,8 @@ def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr
             acc = tl.full([BLOCK_N, BLOCK_M], 0.0, tl.float32)
         else:
             acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+        if WORD32:  # each weight row's first word index, once: the loop adds its tile's words in 32 bits
+            row_words = ((w_offset >> 5) + rn.to(tl.int64) * (K // 32)).to(tl.uint32)
         for k0 in range(0, K, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             k_ok = rk < K
@@ -262,6 +266,9 @@ def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr
                         ok = n_ok[:, None] & (k0 + 32 * tl.arange(0, BLOCK_K // 32) < K)[None, :]
                         hw = tl.load(words_ptr + group.to(tl.int64) * words_stride + at, mask=ok, other=0)
                         hw = hw.to(tl.uint32, bitcast=True)
+                    elif WORD32:
+                        hw = _murmur3_word(row_words[:, None]
+                                           + ((k0 >> 5) + tl.arange(0, BLOCK_K // 32)).to(tl.uint32)[None, :], seed)
                     else:
                         hw = _murmur3_key(((w_offset + w_rows + k0) >> 5)[:, None]
                                           + tl.arange(0, BLOCK_K // 32)[None, :], seed)
@@ -309,7 +316,8 @@ def _kernel(interpret: bool):
     if triton is None:
         raise ImportError("the seeded linear kernel needs triton (requirements.txt pins it)")
     (kernel,) = jit_in_mode(interpret, (_seeded_linear_body,),
-                            helpers=(load_f32, widen_f32, round_to, store_rounded, _key_mix, _state_step, _fmix32, _murmur3_key, _v2_flip),
+                            helpers=(load_f32, widen_f32, round_to, store_rounded, _key_mix, _state_step, _fmix32, _murmur3_key,
+                                     _murmur3_word, _v2_flip),
                             do_not_specialize=("w_offset", "b_offset", "M_TILES", "words_stride"))
     return kernel
 
@@ -342,6 +350,7 @@ def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, laun
     row0, rows, seeds, sigmas = group_tables(groups, x.device)
     m_tiles = triton.cdiv(max(g.rows for g in groups), block_m)
     aligned = whole_words(weight_offset, K)
+    word32 = aligned and words is None and (weight_offset or 0) + N * K <= WORD32_END
     kind = KIND[x.dtype]
     grid = (len(groups) * m_tiles, triton.cdiv(N, block_n))
     # The interpreter reads bf16 and fp16 as int16 bits (numpy has neither); compiled, the kernel reads them as they are.
@@ -355,7 +364,7 @@ def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, laun
         weight_offset or 0, bias_offset or 0, m_tiles, K=K, KIND=kind, HAND=interpret and kind == 1, INTERP=interpret,
         PERTURB_W=weight_offset is not None, HAS_BIAS=bias is not None,
         PERTURB_B=bias is not None and bias_offset is not None, ALIGNED=aligned, SWAP=launch.swap, TMA=launch.tma,
-        WORDS=words is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=launch.num_warps,
+        WORDS=words is not None, WORD32=word32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=launch.num_warps,
         num_stages=launch.num_stages)
     return y
 
