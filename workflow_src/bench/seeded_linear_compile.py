@@ -11,7 +11,7 @@ it), with nothing perturbed (its GEMM alone) and with each seed's weights formed
 - `formed_operand` (wgmma only): where the formed weight tile enters the instruction: `registers` (wgmma's A
   operand, as mixed-input GEMMs take dequantized weights) or `shared` (written back to shared memory first);
 - registers and spill stack per thread, dynamic shared memory (bench/offline_compile.py);
-- `forming`: the SASS instructions forming adds per weight, by issue pipe (`forming_cost`). At 128 rows a seed a
+- `forming`: the SASS instructions forming adds per weight in the K loop, by issue pipe (`forming_cost`). At 128 rows a seed a
   weight meets 256 FLOP of matrix work; on Hopper that is about 16 weights per clock and SM at the tensor cores'
   rate, against 128 thread-instructions issued per clock and SM, so forming hides under the matrix work only
   below about 8 instructions per weight.
@@ -34,6 +34,8 @@ _SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*b
               "N": "i32", "w_offset": "i64", "b_offset": "i64", "M_TILES": "i32"}
 _ALIGNED = ("x_ptr", "w_ptr", "b_ptr", "y_ptr", "row0_ptr", "rows_ptr", "seed_ptr", "sigma_ptr", "words_ptr", "N")
 # A warpgroup dot whose first operand is a tensor in the dot-operand layout (registers), not a shared memory view.
+_ADDRESS = re.compile(r"\s+/\*([0-9a-f]{4,})\*/")
+_BRANCH = re.compile(r"\bBRA (0x[0-9a-f]+)")
 _REGISTER_A = re.compile(r"ttng\.warp_group_dot %\S+, .*: tensor<[^>]*#ttg\.dot_op<\{opIdx = 0")
 
 
@@ -68,12 +70,27 @@ def structure(compiled, perturb: bool) -> dict:
     return doc
 
 
+def main_loop(sass: str) -> str:
+    """The SASS lines of a kernel's main loop: from the target of the backward branch that spans the most
+    instructions to that branch (the K loop; what runs once per program stays outside)."""
+    lines = sass.splitlines()
+    at = {int(m.group(1), 16): i for i, line in enumerate(lines) if (m := _ADDRESS.match(line))}
+    spans = [(i - at[target], at[target], i) for i, line in enumerate(lines)
+             if (m := _BRANCH.search(line)) and (target := int(m.group(1), 16)) in at and at[target] < i]
+    if not spans:
+        raise ValueError("no backward branch: the kernel has no loop (a narrow K's steps may be unrolled)")
+    _, first, last = max(spans)
+    return "\n".join(lines[first:last + 1])
+
+
 def forming_cost(launch: sl.SeededLaunch, plain, formed) -> dict:
-    """Static SASS instructions the forming adds per formed weight, by issue pipe (bench/sass_count.py's): the
-    formed kernel's count less the plain one's, over the weights each thread forms per K step. The loop body is
-    counted once however the pipeliner lays it out, so this is a rate per element, not a total."""
+    """SASS instructions the forming adds per formed weight, by issue pipe (bench/sass_count.py's): the formed
+    kernel's main loop less the plain one's, over the weights each thread forms per K step. Counted in the loop
+    body alone: what is hoisted out of it (shift amounts, each row's first word) runs once a program, not once
+    a K step."""
     per_thread = launch.block_n * launch.block_k / (32 * launch.num_warps)
-    counts = [sass_count.count(offline_compile.cuobjdump(c.asm["cubin"], "-sass"), 1) for c in (plain, formed)]
+    counts = [sass_count.count(main_loop(offline_compile.cuobjdump(c.asm["cubin"], "-sass")), 1)
+              for c in (plain, formed)]
     pipes = set(counts[0]["by_pipe"]) | set(counts[1]["by_pipe"])
     extra = {k: (counts[1]["by_pipe"].get(k, 0) - counts[0]["by_pipe"].get(k, 0)) / per_thread for k in pipes}
     return {"per_element": (counts[1]["per_element"] - counts[0]["per_element"]) / per_thread,

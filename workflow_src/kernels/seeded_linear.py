@@ -218,6 +218,13 @@ def _v2_flip(index, seed):
     return ((_murmur3_key(index >> 5, seed) >> (index & 31).to(tl.uint32)) & 1) << 31
 
 
+def _signed_sigma(t, sigma_bits):
+    """σ's bits with the sign flipped where bit 31 of t is set, as one LOP3 ((t & 2**31) ^ σ): ptxas compiles the
+    plain expression of a weight's sign to a shift, a multiply by 2**31 and a xor, one instruction more a weight."""
+    return tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x80000000, $2, 0x6A;", "=r,r,r",
+                                     [t, tl.zeros_like(t) + sigma_bits], dtype=tl.uint32, is_pure=True, pack=1)
+
+
 def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr, sigma_ptr, words_ptr, words_stride,
                         N, w_offset, b_offset, M_TILES, K: tl.constexpr, KIND: tl.constexpr, HAND: tl.constexpr, INTERP: tl.constexpr,
                         PERTURB_W: tl.constexpr, HAS_BIAS: tl.constexpr, PERTURB_B: tl.constexpr, ALIGNED: tl.constexpr,
@@ -273,12 +280,16 @@ def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr
                         hw = _murmur3_key(((w_offset + w_rows + k0) >> 5)[:, None]
                                           + tl.arange(0, BLOCK_K // 32)[None, :], seed)
                     h = tl.reshape(tl.broadcast_to(hw[:, :, None], [BLOCK_N, BLOCK_K // 32, 32]), [BLOCK_N, BLOCK_K])
-                    flip = ((h >> (rk & 31).to(tl.uint32)[None, :]) & 1) << 31
+                    if INTERP:  # the interpreter runs no inline PTX
+                        signed = sigma_bits ^ (((h >> (rk & 31).to(tl.uint32)[None, :]) & 1) << 31)
+                    else:  # whole words from k0 on: weight k0 + j is bit j & 31 of its word
+                        signed = _signed_sigma(h << (31 - (tl.arange(0, BLOCK_K) & 31)).to(tl.uint32)[None, :],
+                                               sigma_bits)
                 else:
-                    flip = _v2_flip(w_offset + w_rows[:, None] + rk[None, :], seed)
+                    signed = sigma_bits ^ _v2_flip(w_offset + w_rows[:, None] + rk[None, :], seed)
                 # σ·R is σ with its sign bit flipped where R = −1: exact, so one fp32 add and one rounding give
                 # the reconstruct kernel's bits (masked elements are zero and never reach a stored column)
-                formed = w.to(tl.float32) + (sigma_bits ^ flip).to(tl.float32, bitcast=True)
+                formed = w.to(tl.float32) + signed.to(tl.float32, bitcast=True)
                 if INTERP:
                     w = round_to(formed, KIND, HAND)
                 else:
@@ -317,7 +328,7 @@ def _kernel(interpret: bool):
         raise ImportError("the seeded linear kernel needs triton (requirements.txt pins it)")
     (kernel,) = jit_in_mode(interpret, (_seeded_linear_body,),
                             helpers=(load_f32, widen_f32, round_to, store_rounded, _key_mix, _state_step, _fmix32, _murmur3_key,
-                                     _murmur3_word, _v2_flip),
+                                     _murmur3_word, _v2_flip, _signed_sigma),
                             do_not_specialize=("w_offset", "b_offset", "M_TILES", "words_stride"))
     return kernel
 
