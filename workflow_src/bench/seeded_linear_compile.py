@@ -33,9 +33,10 @@ _SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*b
               "rows_ptr": "*i32", "seed_ptr": "*i64", "sigma_ptr": "*fp32", "words_ptr": "*i32", "words_stride": "i64",
               "N": "i32", "w_offset": "i64", "b_offset": "i64", "M_TILES": "i32"}
 _ALIGNED = ("x_ptr", "w_ptr", "b_ptr", "y_ptr", "row0_ptr", "rows_ptr", "seed_ptr", "sigma_ptr", "words_ptr", "N")
-# A warpgroup dot whose first operand is a tensor in the dot-operand layout (registers), not a shared memory view.
+# A SASS line's address, and a branch's target.
 _ADDRESS = re.compile(r"\s+/\*([0-9a-f]{4,})\*/")
 _BRANCH = re.compile(r"\bBRA (0x[0-9a-f]+)")
+# A warpgroup dot whose first operand is a tensor in the dot-operand layout (registers), not a shared memory view.
 _REGISTER_A = re.compile(r"ttng\.warp_group_dot %\S+, .*: tensor<[^>]*#ttg\.dot_op<\{opIdx = 0")
 
 
@@ -47,8 +48,8 @@ def compile_launch(launch: sl.SeededLaunch, perturb: bool, k: int, arch: int = 9
     kind = {"fp32": 0, "bf16": 1, "fp16": 2}[dtype]
     constexprs = {"K": k, "KIND": kind, "HAND": False, "INTERP": False, "PERTURB_W": perturb, "HAS_BIAS": bias,
                   "PERTURB_B": bias and perturb, "ALIGNED": aligned_words, "SWAP": launch.swap, "TMA": launch.tma,
-                  "WORDS": launch.words, "WORD32": word32 and aligned_words and not launch.words, "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n,
-                  "BLOCK_K": launch.block_k}
+                  "WORDS": launch.words, "WORD32": word32 and aligned_words and not launch.words,
+                  "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k}
     signature = {name: f"*{dtype}" if kind_ == "*bf16" else kind_ for name, kind_ in _SIGNATURE.items()}
     aligned = _ALIGNED
     if launch.tma:  # the rows' and the weight's tiles through host-made tensor descriptors
