@@ -26,6 +26,7 @@ if [ -n "${RESTORE:-}" ]; then
   tar xzf "$RESTORE" || { echo "gpu_piece: cannot unpack RESTORE=$RESTORE" >&2; exit 2; }
   echo "gpu_piece: unpacked $RESTORE"
 fi
+echo "gpu_piece: at commit $(git log -1 --format=%H 2>/dev/null || echo unknown)"  # what its records will name
 changed=$(git status --porcelain 2>/dev/null | head -5 | tr '\n' ' ')
 [ -z "$changed" ] || echo "gpu_piece: the checkout is not clean here ($changed); records made now say dirty" >&2
 if ! python3 -c "import snakemake" 2>/dev/null; then

@@ -46,6 +46,8 @@ def test_a_piece_restores_the_last_pieces_results_and_says_when_the_tree_is_dirt
     run = piece(clone, tmp_path / "out1", ".whl/last.tar.gz")
     assert run.returncode == 0, run.stderr[-2000:]
     assert "unpacked .whl/last.tar.gz" in run.stdout and "not clean" not in run.stderr
+    head = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert f"gpu_piece: at commit {head.strip()}" in run.stdout
     with tarfile.open(tmp_path / "out1" / "results.tar.gz") as tar:
         names = tar.getnames()
     assert "results/from-the-last-piece.txt" in names and TARGET in names
