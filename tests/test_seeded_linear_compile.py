@@ -64,7 +64,7 @@ def test_32_bit_keys_take_hashing_work_off_each_formed_weight():
 def test_the_main_loop_is_the_widest_backward_branch():
     sass = "\n".join(f"        /*{a:04x}*/                   {ins} ;" for a, ins in enumerate(
         ["MOV R1, R2", "IADD3 R3, R3, 0x1, RZ", "@P0 BRA 0x1", "FADD R4, R4, R5", "LOP3.LUT R6, R6, R7, RZ, 0x3c, !PT",
-         "@!P1 BRA 0x3", "EXIT"]))
+         "@!P1 BRA 0x3", "BRA 0x0", "EXIT"]))  # the unpredicated branch back is no loop
     assert [line.split()[1] for line in slc.main_loop(sass).splitlines()] == ["FADD", "LOP3.LUT", "@!P1"]
     with pytest.raises(ValueError, match="no loop"):
         slc.main_loop(sass.replace("BRA 0x1", "BRA 0x6").replace("BRA 0x3", "BRA 0x6"))

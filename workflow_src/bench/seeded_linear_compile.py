@@ -33,9 +33,9 @@ _SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*b
               "rows_ptr": "*i32", "seed_ptr": "*i64", "sigma_ptr": "*fp32", "words_ptr": "*i32", "words_stride": "i64",
               "N": "i32", "w_offset": "i64", "b_offset": "i64", "M_TILES": "i32"}
 _ALIGNED = ("x_ptr", "w_ptr", "b_ptr", "y_ptr", "row0_ptr", "rows_ptr", "seed_ptr", "sigma_ptr", "words_ptr", "N")
-# A SASS line's address, and a branch's target.
+# A SASS line's address, and a predicated branch's target.
 _ADDRESS = re.compile(r"\s+/\*([0-9a-f]{4,})\*/")
-_BRANCH = re.compile(r"\bBRA (0x[0-9a-f]+)")
+_BRANCH = re.compile(r"@!?U?P\w+\s+BRA (0x[0-9a-f]+)")
 # A warpgroup dot whose first operand is a tensor in the dot-operand layout (registers), not a shared memory view.
 _REGISTER_A = re.compile(r"ttng\.warp_group_dot %\S+, .*: tensor<[^>]*#ttg\.dot_op<\{opIdx = 0")
 
@@ -72,8 +72,9 @@ def structure(compiled, perturb: bool) -> dict:
 
 
 def main_loop(sass: str) -> str:
-    """The SASS lines of a kernel's main loop: from the target of the backward branch that spans the most
-    instructions to that branch (the K loop; what runs once per program stays outside)."""
+    """The SASS lines of a kernel's main loop: from the target of the predicated backward branch that spans the
+    most instructions to that branch (the K loop; what runs once per program stays outside). Unpredicated
+    backward branches are returns from out-of-line code (a barrier's retry), not loops."""
     lines = sass.splitlines()
     at = {int(m.group(1), 16): i for i, line in enumerate(lines) if (m := _ADDRESS.match(line))}
     spans = [(i - at[target], at[target], i) for i, line in enumerate(lines)
