@@ -61,7 +61,7 @@ def test_32_bit_keys_take_hashing_work_off_each_formed_weight():
     assert cost[True] < cost[False] - 1, cost
 
 
-def test_the_main_loop_is_the_widest_backward_branch():
+def test_the_main_loop_is_the_widest_predicated_backward_branch():
     sass = "\n".join(f"        /*{a:04x}*/                   {ins} ;" for a, ins in enumerate(
         ["MOV R1, R2", "IADD3 R3, R3, 0x1, RZ", "@P0 BRA 0x1", "FADD R4, R4, R5", "LOP3.LUT R6, R6, R7, RZ, 0x3c, !PT",
          "@!P1 BRA 0x3", "BRA 0x0", "EXIT"]))  # the unpredicated branch back is no loop

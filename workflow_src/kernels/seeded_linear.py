@@ -361,7 +361,7 @@ def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, laun
     row0, rows, seeds, sigmas = group_tables(groups, x.device)
     m_tiles = triton.cdiv(max(g.rows for g in groups), block_m)
     aligned = whole_words(weight_offset, K)
-    word32 = aligned and words is None and (weight_offset or 0) + N * K <= WORD32_END
+    word32 = aligned and words is None and weight_offset + N * K <= WORD32_END  # aligned: an offset is given
     kind = KIND[x.dtype]
     grid = (len(groups) * m_tiles, triton.cdiv(N, block_n))
     # The interpreter reads bf16 and fp16 as int16 bits (numpy has neither); compiled, the kernel reads them as they are.
