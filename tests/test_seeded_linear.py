@@ -73,7 +73,6 @@ def test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, off
         assert torch.equal(y[3 * i:3 * i + 3], want.expand(3, -1))
 
 
-
 @pytest.mark.parametrize("launch", [DEFAULT_LAUNCH, DESCRIBED], ids=str)
 @pytest.mark.parametrize("past", [0, 32], ids=["ends-at-the-last-32-bit-word", "reaches-past-32-bit-words"])
 def test_word_indices_at_the_top_of_32_bits_form_the_reconstruct_kernels_weights(launch, past):
@@ -91,6 +90,7 @@ def test_word_indices_at_the_top_of_32_bits_form_the_reconstruct_kernels_weights
         assert torch.equal(y[i * k:(i + 1) * k].T.contiguous().view(torch.uint8), want.view(torch.uint8)), seed
         shifted = perturbed(w0, seed, sigma, offset - WORD32_END // 2, "speedproof-v2")  # negative control
         assert not torch.equal(y[i * k:(i + 1) * k].T.contiguous(), shifted)
+
 
 def test_each_seeds_rows_are_its_own_linear_layer():
     """Reference backend: bit for bit F.linear over the seed's rows on reconstructed weights; triton: the same

@@ -280,11 +280,12 @@ def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr
                         hw = _murmur3_key(((w_offset + w_rows + k0) >> 5)[:, None]
                                           + tl.arange(0, BLOCK_K // 32)[None, :], seed)
                     h = tl.reshape(tl.broadcast_to(hw[:, :, None], [BLOCK_N, BLOCK_K // 32, 32]), [BLOCK_N, BLOCK_K])
+                    # whole words from k0 on: weight k0 + j is bit j & 31 of its word, moved to bit 31
+                    t = h << (31 - (tl.arange(0, BLOCK_K) & 31)).to(tl.uint32)[None, :]
                     if INTERP:  # the interpreter runs no inline PTX
-                        signed = sigma_bits ^ (((h >> (rk & 31).to(tl.uint32)[None, :]) & 1) << 31)
-                    else:  # whole words from k0 on: weight k0 + j is bit j & 31 of its word
-                        signed = _signed_sigma(h << (31 - (tl.arange(0, BLOCK_K) & 31)).to(tl.uint32)[None, :],
-                                               sigma_bits)
+                        signed = sigma_bits ^ (t & 0x80000000)
+                    else:
+                        signed = _signed_sigma(t, sigma_bits)
                 else:
                     signed = sigma_bits ^ _v2_flip(w_offset + w_rows[:, None] + rk[None, :], seed)
                 # σ·R is σ with its sign bit flipped where R = −1: exact, so one fp32 add and one rounding give
