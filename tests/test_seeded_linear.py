@@ -14,6 +14,7 @@ from workflow_src.kernels.seeded_linear import (
     perturbed,
     seeded_linear,
     sign_words_table,
+    split_parts,
 )
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -33,9 +34,12 @@ SWAPPED = SeededLaunch(32, 16, 32, 4, 2, swap=True)  # yᵀ = W_s · xᵀ: the f
 # tiles through tensor descriptors: whole tiles, zero past the tensor's edge, rows of the next seed in a tile
 DESCRIBED = SeededLaunch(16, 32, 64, 4, 3, swap=True, tma=True)
 WORDS = SeededLaunch(32, 64, 64, 4, 3, words=True)  # each seed's hash words read from a table made beforehand
+# K split into parts of whole 32-wide tiles (the K of 128 below: 4 parts; of 64: 2): fp32 partial sums added after
+SPLIT = SeededLaunch(16, 16, 32, 4, 2, split_k=4)
+SPLIT_DESCRIBED = SeededLaunch(16, 32, 32, 4, 3, swap=True, tma=True, split_k=2)
 
 
-@pytest.mark.parametrize("launch", [DEFAULT_LAUNCH, SWAPPED, DESCRIBED, WORDS], ids=str)
+@pytest.mark.parametrize("launch", [DEFAULT_LAUNCH, SWAPPED, DESCRIBED, WORDS, SPLIT], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("offset,k", [(4096, 64), (4096 + 5, 64), (96, 40)])  # aligned; offset, K inside a word
 def test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, offset, k, launch, device="cpu"):
@@ -115,6 +119,49 @@ def test_each_seeds_rows_are_its_own_linear_layer():
     torch.testing.assert_close(plain, F.linear(x, w0, b0), rtol=1e-5, atol=1e-6)
 
 
+def test_split_parts_follow_the_programs_and_the_tiles_only():
+    assert split_parts(programs=8, k_tiles=56, most=8) == 8  # a 512-column linear at 128 rows, K 3584
+    assert split_parts(programs=56, k_tiles=56, most=8) == 8  # 56 · 4 = 224 programs still under 256
+    assert split_parts(programs=56, k_tiles=56, most=2) == 2
+    assert split_parts(programs=296, k_tiles=56, most=8) == 1  # enough programs: no partial sums
+    assert split_parts(programs=8, k_tiles=7, most=8) == 1  # four tiles a part at least
+    assert split_parts(programs=8, k_tiles=16, most=8) == 4
+    assert split_parts(programs=8, k_tiles=56, most=1) == 1
+
+
+@pytest.mark.parametrize("launch", [SPLIT, SPLIT_DESCRIBED], ids=str)
+def test_a_split_launch_adds_its_parts_once_each_in_one_order(launch):
+    """Split into parts, the sums run in another order than one program's over all of K, so the rows may differ
+    from the unsplit launch's in the last bits only; the parts are added in one fixed order, so two runs are
+    bit-equal, and are each part's product over its own K range with the bias once (the control: the bias in
+    every part is far from it)."""
+    k = 512
+    w0, b0 = base((24, k), torch.bfloat16), base((24,), torch.bfloat16, seed=1)
+    x = base((20, k), torch.bfloat16, seed=2)
+    groups = [SeedRows(0, 12, 5, 0.01), SeedRows(12, 8, 6, -0.02)]
+    y = seeded_linear(x, w0, b0, groups, 4096, 9000, backend="triton", launch=launch)
+    assert torch.equal(seeded_linear(x, w0, b0, groups, 4096, 9000, backend="triton", launch=launch), y)
+    unsplit = SeededLaunch(launch.block_m, launch.block_n, launch.block_k, 4, 2, swap=launch.swap, tma=launch.tma)
+    torch.testing.assert_close(seeded_linear(x, w0, b0, groups, 4096, 9000, backend="triton", launch=unsplit), y,
+                               rtol=2e-2, atol=2e-3)
+    programs = len(groups) * -(-12 // launch.block_m) * -(-24 // launch.block_n)
+    parts = split_parts(programs, k // launch.block_k, launch.split_k)
+    assert parts >= 2
+    step, once, everywhere = k // parts, [], []
+    for g in groups:
+        w = perturbed(w0, g.seed, g.sigma, 4096, "speedproof-v2").float()
+        b = perturbed(b0, g.seed, g.sigma, 9000, "speedproof-v2").float()
+        xf = x[g.row0:g.row0 + g.rows].float()
+        partial = [xf[:, p * step:(p + 1) * step] @ w[:, p * step:(p + 1) * step].T for p in range(parts)]
+        once.append(sum(partial[1:], partial[0] + b))
+        everywhere.append(sum((q + b for q in partial[1:]), partial[0] + b))
+    torch.testing.assert_close(y.float(), torch.cat(once), rtol=1e-2, atol=1e-3)
+    assert not torch.allclose(y.float(), torch.cat(everywhere), rtol=1e-2, atol=1e-3)
+    # each weight alone in its sum (the identity): split or not, the reconstruct kernel's bits
+    assert split_parts(3 * 256 // launch.block_m * -(-48 // launch.block_n), 256 // launch.block_k, launch.split_k) >= 2
+    test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(torch.bfloat16, 4096, 256, launch)
+
+
 def test_a_words_launch_forms_each_groups_own_seed_from_its_row_of_the_table():
     """The table's row order is the groups': rows given in the other order form the other seed's weights (the
     control), and a table sliced from a wider buffer (a row stride longer than the row) is read where it lies."""
@@ -182,8 +229,10 @@ def test_bad_input_is_refused():
 @pytest.mark.gpu
 @gpu
 def test_the_compiled_kernel_forms_the_same_weights():
-    for launch in (DEFAULT_LAUNCH, SWAPPED, DESCRIBED, WORDS, SeededLaunch(128, 64, 64, 4, 3, swap=True),
+    for launch in (DEFAULT_LAUNCH, SWAPPED, DESCRIBED, WORDS, SPLIT, SPLIT_DESCRIBED, SeededLaunch(128, 64, 64, 4, 3, swap=True),
                    SeededLaunch(128, 64, 64, 4, 3, swap=True, tma=True, words=True)):
         for dtype in (torch.bfloat16, torch.float16):
             test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, 4096, 128, launch, device="cuda")
             test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, 4096 + 5, 64, launch, device="cuda")
+            if launch.split_k > 1:
+                test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, 4096, 256, launch, device="cuda")

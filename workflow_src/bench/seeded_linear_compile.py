@@ -31,7 +31,7 @@ from workflow_src.provenance.stamp import provenance
 
 _SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16", "row0_ptr": "*i32",
               "rows_ptr": "*i32", "seed_ptr": "*i64", "sigma_ptr": "*fp32", "words_ptr": "*i32", "words_stride": "i64",
-              "N": "i32", "w_offset": "i64", "b_offset": "i64", "M_TILES": "i32"}
+              "N": "i32", "M_ROWS": "i32", "w_offset": "i64", "b_offset": "i64", "M_TILES": "i32"}
 _ALIGNED = ("x_ptr", "w_ptr", "b_ptr", "y_ptr", "row0_ptr", "rows_ptr", "seed_ptr", "sigma_ptr", "words_ptr", "N")
 # A SASS line's address, and a predicated branch's target.
 _ADDRESS = re.compile(r"\s+/\*([0-9a-f]{4,})\*/")
@@ -46,11 +46,16 @@ def compile_launch(launch: sl.SeededLaunch, perturb: bool, k: int, arch: int = 9
     not, with a bias (perturbed when the weights are) or not, the weight's offset in whole hash words or not, its
     word indices in 32 bits (a model's weights below 2**37 elements, as every Qwen2.5 shape) or not."""
     kind = {"fp32": 0, "bf16": 1, "fp16": 2}[dtype]
-    constexprs = {"K": k, "KIND": kind, "HAND": False, "INTERP": False, "PERTURB_W": perturb, "HAS_BIAS": bias,
+    # a split launch's program sums one part of K into fp32 partial sums; its loop's body is the unsplit one's
+    split = launch.split_k > 1
+    part_k = -(-k // launch.block_k // launch.split_k) * launch.block_k if split else k
+    constexprs = {"K": k, "PART_K": part_k, "SPLIT": split, "KIND": kind, "HAND": False, "INTERP": False, "PERTURB_W": perturb, "HAS_BIAS": bias,
                   "PERTURB_B": bias and perturb, "ALIGNED": aligned_words, "SWAP": launch.swap, "TMA": launch.tma,
                   "WORDS": launch.words, "WORD32": word32 and aligned_words and not launch.words,
                   "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k}
     signature = {name: f"*{dtype}" if kind_ == "*bf16" else kind_ for name, kind_ in _SIGNATURE.items()}
+    if split:
+        signature["y_ptr"] = "*fp32"
     aligned = _ALIGNED
     if launch.tma:  # the rows' and the weight's tiles through host-made tensor descriptors
         signature["x_ptr"] = f"tensordesc<{dtype}[{launch.block_m}, {launch.block_k}]>"

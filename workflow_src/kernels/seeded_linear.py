@@ -58,6 +58,11 @@ WORD = 32  # elements per speedproof-v2 hash
 # Word indices of a tensor below this element index fit 32 bits: its hashes take 32-bit keys (_murmur3_word).
 WORD32_END = 2 ** 32 * WORD
 FLAGS = ("swap", "tma", "words")  # a launch's optional flags, in the order its string names them
+# A /kN launch splits K while a linear's programs number fewer than this: about two an SM on the 132-SM cards we
+# are lent. A constant, not read from the card, so the parts (and with them the order of the sums) follow the
+# shapes and the launch alone, never the machine.
+SPLIT_PROGRAMS = 256
+SPLIT_LEAST_TILES = 4  # K tiles a part keeps at least: fewer, and the fp32 partial sums cost more than they save
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,11 @@ class SeededLaunch:
     Hopper, the bulk tensor copy engine: one instruction a tile, no address arithmetic per element); a compiled
     launch needs a GPU of compute capability 9 or more and rows 16-byte aligned. `words`: each seed's hash words
     are read from a table made beforehand (`sign_words_table`) instead of hashed in the kernel, 4 bytes per 32
-    weights and seed; the caller makes and keeps the tables."""
+    weights and seed; the caller makes and keeps the tables. `split_k` (`/kN`): a linear whose programs would
+    leave the card idle (at 128 rows a seed, a 512-column linear is 8 column tiles) splits its K into up to
+    `split_k` parts of whole tiles (`split_parts`), each part's program writing its fp32 partial sums, which are
+    then added part after part in one fixed order and rounded once: deterministic, and bit-equal run to run;
+    the split changes the order of the sums, as block_k does."""
     block_m: int = 32
     block_n: int = 64
     block_k: int = 64
@@ -81,6 +90,7 @@ class SeededLaunch:
     swap: bool = False
     tma: bool = False
     words: bool = False
+    split_k: int = 1
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -91,25 +101,37 @@ class SeededLaunch:
             raise ValueError(f"seeded linear: block_k {self.block_k} must be whole {WORD}-weight hash words")
         if self.num_warps < 1 or self.num_warps & (self.num_warps - 1) or self.num_stages < 1:
             raise ValueError(f"seeded linear: bad launch {self}")
+        if not 1 <= self.split_k <= 64 or self.split_k & (self.split_k - 1):
+            raise ValueError(f"seeded linear: split_k {self.split_k} must be a power of two from 1 to 64")
 
     @classmethod
     def parse(cls, value: str) -> "SeededLaunch":
-        """`block_m/block_n/block_k/num_warps/num_stages[/swap][/tma][/words]`, e.g. 64/128/64/8/3 or
-        128/128/64/4/4/swap/tma."""
+        """`block_m/block_n/block_k/num_warps/num_stages[/swap][/tma][/words][/kN]`, e.g. 64/128/64/8/3 or
+        128/128/64/4/4/swap/tma/k4."""
         parts = value.split("/")
         flags = parts[5:]
+        split = flags.pop() if flags and flags[-1][:1] == "k" and flags[-1][1:].isdigit() else "k1"
         if (len(parts) < 5 or not all(p.isdigit() for p in parts[:5]) or len(set(flags)) != len(flags)
                 or flags != [f for f in FLAGS if f in flags]):
             raise ValueError(f"seeded linear launch {value!r}: expected block_m/block_n/block_k/num_warps/"
-                             "num_stages[/swap][/tma][/words], e.g. 64/128/64/8/3 or 128/128/64/4/4/swap/tma")
-        return cls(*map(int, parts[:5]), **{f: f in flags for f in FLAGS})
+                             "num_stages[/swap][/tma][/words][/kN], e.g. 64/128/64/8/3 or 128/128/64/4/4/swap/tma/k4")
+        return cls(*map(int, parts[:5]), **{f: f in flags for f in FLAGS}, split_k=int(split[1:]))
 
     def __str__(self) -> str:
-        tail = "".join(f"/{f}" for f in FLAGS if getattr(self, f))
+        tail = "".join(f"/{f}" for f in FLAGS if getattr(self, f)) + (f"/k{self.split_k}" if self.split_k > 1 else "")
         return f"{self.block_m}/{self.block_n}/{self.block_k}/{self.num_warps}/{self.num_stages}{tail}"
 
 
 DEFAULT_LAUNCH = SeededLaunch()
+
+
+def split_parts(programs: int, k_tiles: int, most: int) -> int:
+    """Parts a /kN launch (N = `most`) splits K into for a linear of `programs` programs and `k_tiles` tiles of
+    K: doubled from 1 while the programs stay under SPLIT_PROGRAMS and each part keeps SPLIT_LEAST_TILES."""
+    parts = 1
+    while parts * 2 <= most and programs * parts < SPLIT_PROGRAMS and k_tiles >= SPLIT_LEAST_TILES * parts * 2:
+        parts *= 2
+    return parts
 
 
 @dataclass(frozen=True)
@@ -226,13 +248,15 @@ def _signed_sigma(t, sigma_bits):
 
 
 def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr, sigma_ptr, words_ptr, words_stride,
-                        N, w_offset, b_offset, M_TILES, K: tl.constexpr, KIND: tl.constexpr, HAND: tl.constexpr, INTERP: tl.constexpr,
+                        N, M_ROWS, w_offset, b_offset, M_TILES, K: tl.constexpr, PART_K: tl.constexpr, SPLIT: tl.constexpr,
+                        KIND: tl.constexpr, HAND: tl.constexpr, INTERP: tl.constexpr,
                         PERTURB_W: tl.constexpr, HAS_BIAS: tl.constexpr, PERTURB_B: tl.constexpr, ALIGNED: tl.constexpr,
                         SWAP: tl.constexpr, TMA: tl.constexpr, WORDS: tl.constexpr, WORD32: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # K is a constant: the interpreter cannot bound a loop by a run-time value (one compilation per width).
     # axis 0: (seed group, row tile), axis 1: column tile; axis 0 varies fastest in the launch order, so every
-    # seed's programs of one column tile run together and share the base tile through L2.
+    # seed's programs of one column tile run together and share the base tile through L2. Axis 2: the part of K
+    # (PART_K wide, whole tiles) a SPLIT launch's program sums; its fp32 sums go to a part of their own in y.
     group = tl.program_id(0) // M_TILES
     tile_m = tl.program_id(0) % M_TILES
     rows = tl.load(rows_ptr + group)
@@ -251,7 +275,14 @@ def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr
             acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
         if WORD32:  # each weight row's first word index, once: the loop adds its tile's words in 32 bits
             row_words = ((w_offset >> 5) + rn.to(tl.int64) * (K // 32)).to(tl.uint32)
-        for k0 in range(0, K, BLOCK_K):
+        if SPLIT:
+            k_first = tl.program_id(2) * PART_K
+        else:
+            k_first = 0
+        # Tiles of the last part past K read zeros (masked, or beyond the descriptor's tensor): whatever sign a
+        # weight there is formed with, it multiplies a zero input.
+        for k_in in range(0, PART_K, BLOCK_K):
+            k0 = k_first + k_in
             rk = k0 + tl.arange(0, BLOCK_K)
             k_ok = rk < K
             if TMA:  # whole tiles, zero beyond the tensor; rows past this seed's are others', never stored
@@ -314,10 +345,14 @@ def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr
             if PERTURB_B:
                 b = round_to(b + (sigma_bits ^ _v2_flip(b_offset + rn.to(tl.int64), seed)).to(tl.float32, bitcast=True),
                              KIND, HAND)
+            if SPLIT:  # the bias joins the first part's sums only
+                b = tl.where(tl.program_id(2) == 0, b, 0.0)
             acc += b[None, :]
         out = y_ptr + (row0 + rm).to(tl.int64)[:, None] * N + rn[None, :]
         mask = m_ok[:, None] & n_ok[None, :]
-        if INTERP:
+        if SPLIT:  # fp32 partial sums, a [rows, N] part each, rounded once after they are added
+            tl.store(out + tl.program_id(2).to(tl.int64) * M_ROWS * N, acc, mask=mask)
+        elif INTERP:
             store_rounded(out, acc, mask, KIND, HAND)
         else:
             tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=mask)
@@ -330,7 +365,7 @@ def _kernel(interpret: bool):
     (kernel,) = jit_in_mode(interpret, (_seeded_linear_body,),
                             helpers=(load_f32, widen_f32, round_to, store_rounded, _key_mix, _state_step, _fmix32, _murmur3_key,
                                      _murmur3_word, _v2_flip, _signed_sigma),
-                            do_not_specialize=("w_offset", "b_offset", "M_TILES", "words_stride"))
+                            do_not_specialize=("w_offset", "b_offset", "M_TILES", "words_stride", "M_ROWS"))
     return kernel
 
 
@@ -364,21 +399,37 @@ def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, laun
     aligned = whole_words(weight_offset, K)
     word32 = aligned and words is None and weight_offset + N * K <= WORD32_END  # aligned: an offset is given
     kind = KIND[x.dtype]
+    k_tiles = triton.cdiv(K, block_k)
     grid = (len(groups) * m_tiles, triton.cdiv(N, block_n))
+    parts = split_parts(grid[0] * grid[1], k_tiles, launch.split_k)
+    part_k = triton.cdiv(k_tiles, parts) * block_k
     # The interpreter reads bf16 and fp16 as int16 bits (numpy has neither); compiled, the kernel reads them as they are.
     view = bits_view if interpret else (lambda t: t)
     xs, ws = view(x), view(weight.contiguous())
     if launch.tma:
         xs, ws = _descriptors(xs, ws, launch, interpret)
-    _kernel(interpret)[grid](
-        xs, ws, view(bias) if bias is not None else view(x), view(y),
-        row0, rows, seeds, sigmas, seeds if words is None else words, 0 if words is None else words.stride(0), N,
-        weight_offset or 0, bias_offset or 0, m_tiles, K=K, KIND=kind, HAND=interpret and kind == 1, INTERP=interpret,
+    out = torch.empty((parts, M, N), dtype=torch.float32, device=x.device) if parts > 1 else view(y)
+    _kernel(interpret)[grid + (parts,)](
+        xs, ws, view(bias) if bias is not None else view(x), out,
+        row0, rows, seeds, sigmas, seeds if words is None else words, 0 if words is None else words.stride(0), N, M,
+        weight_offset or 0, bias_offset or 0, m_tiles, K=K, PART_K=part_k if parts > 1 else K, SPLIT=parts > 1,
+        KIND=kind, HAND=interpret and kind == 1, INTERP=interpret,
         PERTURB_W=weight_offset is not None, HAS_BIAS=bias is not None,
         PERTURB_B=bias is not None and bias_offset is not None, ALIGNED=aligned, SWAP=launch.swap, TMA=launch.tma,
         WORDS=words is not None, WORD32=word32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=launch.num_warps,
         num_stages=launch.num_stages)
+    if parts > 1:
+        return add_parts(out, y)
     return y
+
+
+def add_parts(partials: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A split launch's fp32 partial sums [parts, M, N] added part after part, in that order, then rounded once to
+    y's dtype (to nearest, ties to even): one fixed order, so the same bits on every run."""
+    total = partials[0].clone()
+    for part in partials[1:]:
+        total += part
+    return y.copy_(total)
 
 
 def _descriptors(x, weight, launch: SeededLaunch, interpret: bool):
