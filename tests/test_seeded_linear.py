@@ -11,6 +11,8 @@ from workflow_src.kernels.seeded_linear import (
     WORD32_END,
     SeededLaunch,
     SeedRows,
+    add_parts,
+    add_parts_reference,
     perturbed,
     seeded_linear,
     sign_words_table,
@@ -129,6 +131,20 @@ def test_split_parts_follow_the_programs_and_the_tiles_only():
     assert split_parts(programs=8, k_tiles=56, most=1) == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_parts_are_added_in_their_order_and_rounded_once(dtype, device="cpu", interpret=True):
+    """add_parts against its torch reference, bit for bit, at a size that leaves the last program part full; the
+    control: the same parts in the reverse order are another sum (fp32 addition is not associative)."""
+    g = torch.Generator().manual_seed(3)
+    partials = (torch.randn(5, 37, 61, generator=g) * torch.logspace(-3, 3, 61)).to(device)
+    y = torch.empty(37, 61, dtype=dtype, device=device)
+    add_parts(partials, y, interpret)
+    want = add_parts_reference(partials.cpu(), dtype)
+    assert torch.equal(y.cpu().view(torch.uint8), want.view(torch.uint8))
+    assert not torch.equal(add_parts_reference(partials.cpu().flip(0), torch.float32),
+                           add_parts_reference(partials.cpu(), torch.float32))
+
+
 @pytest.mark.parametrize("launch", [SPLIT, SPLIT_DESCRIBED], ids=str)
 def test_a_split_launch_adds_its_parts_once_each_in_one_order(launch):
     """Split into parts, the sums run in another order than one program's over all of K, so the rows may differ
@@ -236,3 +252,5 @@ def test_the_compiled_kernel_forms_the_same_weights():
             test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, 4096 + 5, 64, launch, device="cuda")
             if launch.split_k > 1:
                 test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, 4096, 256, launch, device="cuda")
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        test_the_parts_are_added_in_their_order_and_rounded_once(dtype, device="cuda", interpret=False)

@@ -276,10 +276,14 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
         main(["--tiny", "--device", "cpu", "--out", str(out), "--engines", "static", "--population-engines", "hf"])
     with pytest.raises(SystemExit):  # one seed at a time is all hf does
         main(["--tiny", "--device", "cpu", "--out", str(out), "--engines", "hf", "--seeds-per-step", "2"])
-    prof = doc["profile"]
-    assert prof["clock"] == "host" and prof["new_tokens"] == 3 and prof["total_ms"] > 0
-    assert prof["top"] and all(r["ms"] > 0 and r["calls"] >= 1 for r in prof["top"])
-    assert any("linear" in r["op"] or "mm" in r["op"] for r in prof["top"])  # the GEMMs are in there
+    assert set(doc["profile"]) == {"static", "static+seeds_per_step=2"}
+    for per_step, prof in zip((1, 2), doc["profile"].values()):
+        assert prof["clock"] == "host" and prof["new_tokens"] == 3 and prof["total_ms"] > 0
+        assert prof["seeds_per_step"] == per_step and prof["prompts"] == 4
+        assert prof["top"] and all(r["ms"] > 0 and r["calls"] >= 1 for r in prof["top"])
+        assert any("linear" in r["op"] or "mm" in r["op"] for r in prof["top"])  # the GEMMs are in there
+    # the population's step forms each seed's weights (the reference backend on the CPU: the torch hash's ops)
+    assert doc["profile"]["static+seeds_per_step=2"]["total_ms"] > doc["profile"]["static"]["total_ms"]
 
 
 def test_decode_steps_cli_times_variants_and_compares_their_logits(tmp_path):

@@ -164,7 +164,7 @@ class Targets:
         flags = ["--shapes", *s["shapes"], "--engines", *s["engines"], "--prompts", s["prompts"], "--prompt-chars",
                  s["prompt_chars"], "--new-tokens", s["new_tokens"], "--batch", s["batch"], "--seeds", s["seeds"],
                  "--repeats", s["repeats"], "--device", s["device"], "--seeds-per-step", *s["seeds_per_step"],
-                 "--agreement", s["agreement"], "--seeded-launch", s["seeded_launch"]]
+                 "--agreement", s["agreement"], "--seeded-launch", s["seeded_launch"], "--profile", s["profile"]]
         if s["population_engines"] is not None:
             flags += ["--population-engines", *s["population_engines"]]
         if s["lengths"] is not None:

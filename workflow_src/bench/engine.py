@@ -22,7 +22,10 @@ each engine's `share_of_floor` is the floor's seconds over its own, and the popu
 (after the first seed) over the floor's seeds/s.
 `--profile N` then profiles N new tokens of the static engine on the last shape with the torch profiler,
 eager (kernels inside a replayed CUDA graph are not attributed one by one), and records the ops that took the
-most device (CPU: host) time: where a decode step goes, as a guide to the next optimization.
+most device (CPU: host) time: where a decode step goes, as a guide to the next optimization. With a population
+of more than one seed per step it profiles the population decode at the largest S too (its first S seeds, N
+tokens each, one batch of prompts a seed): `profile` holds one table per engine, `static` and
+`static+seeds_per_step=S`.
 `--engines` takes engine names, and `static:key=value,...` for the static engine with other options: `span=N`
 (span_bucket N; a huge N attends over the whole cache capacity), `fused=0|1`, `packed=0|1`, `attention=sdpa|triton`,
 `graphs=0|1`, `overlap=0|1` (whether a decode step is launched before the previous one's tokens are read),
@@ -206,7 +209,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="the population decode's seeded-linear launch on a GPU (kernels/seeded_linear.py)")
     parser.add_argument("--sigma", type=float, default=1e-3)
     parser.add_argument("--profile", type=int, default=0, metavar="N",
-                    help="profile N new tokens of the eager static engine on the last shape (top ops by time)")
+                    help="profile N new tokens of the eager static engine on the last shape, and of its population "
+                         "decode at the largest --seeds-per-step above 1 (top ops by time)")
     parser.add_argument("--determinism", choices=DETERMINISM, default="off",
                     help="the process's determinism settings (pin_determinism); the RandOpt workflow runs `torch`")
     parser.add_argument("--tiny", action="store_true")
@@ -283,7 +287,11 @@ def main(argv: list[str] | None = None) -> None:
             doc["population"] = population(model, tok, args, prompts, prompt_tokens, sync, doc["ceilings"],
                                            length_model)
         if args.profile and shape == args.shapes[-1]:
-            doc["profile"] = profile_static(model, tok, args, prompts, sync)
+            doc["profile"] = {"static": profile_static(model, tok, args, prompts, sync)}
+            most = max(args.seeds_per_step)
+            if args.seeds and most > 1:
+                doc["profile"][f"static+seeds_per_step={most}"] = profile_static(model, tok, args, prompts, sync,
+                                                                                 per_step=most)
         del model
         if args.device == "cuda":
             torch.cuda.empty_cache()
@@ -291,17 +299,28 @@ def main(argv: list[str] | None = None) -> None:
         json.dump(doc, f, indent=1)
 
 
-def profile_static(model, tok, a, prompts, sync, top: int = 25) -> dict:
+def profile_static(model, tok, a, prompts, sync, top: int = 25, per_step: int = 1) -> dict:
     """The ops of `a.profile` eager static-engine tokens over one batch, by total self time (device time on a
-    GPU, host time on the CPU), with call counts."""
+    GPU, host time on the CPU), with call counts; `per_step` above 1: the population decode of the first
+    `per_step` seeds, each over that batch, weights formed in each op (the bench's backend and launch)."""
     from torch.profiler import ProfilerActivity, profile
 
-    engine = StaticEngine(model, tok, a.batch, meter=ThroughputMeter(sync=sync), graphs=False)
+    engine = StaticEngine(model, tok, a.batch * per_step, meter=ThroughputMeter(sync=sync), graphs=False,
+                          seeds_per_step=per_step)
     batch = prompts[: a.batch]
-    engine.generate(batch, a.profile)  # warm-up
+    if per_step == 1:
+        def run():
+            engine.generate(batch, a.profile)
+    else:
+        weights = population_weights(model, a)
+        chunk = [(s, a.sigma) for s in population_seeds(0, per_step)]
+
+        def run():
+            engine.generate_population(batch, chunk, a.profile, weights)
+    run()  # warm-up
     cuda = a.device == "cuda"
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
-        engine.generate(batch, a.profile)
+        run()
         sync()
     field = "self_device_time_total" if cuda else "self_cpu_time_total"
     ops = sorted((e for e in prof.key_averages() if getattr(e, field) > 0), key=lambda e: -getattr(e, field))
@@ -309,9 +328,17 @@ def profile_static(model, tok, a, prompts, sync, top: int = 25) -> dict:
     rows = [{"op": e.key, "calls": e.count, "ms": getattr(e, field) / 1e3,
              "share": getattr(e, field) / total} for e in ops[:top]]
     for r in rows[:10]:
-        print(f"profile {r['share']:6.1%} {r['ms']:10.2f} ms {r['calls']:7d}x {r['op'][:80]}", flush=True)
-    return {"new_tokens": a.profile, "prompts": len(batch), "clock": "device" if cuda else "host",
+        print(f"profile S={per_step} {r['share']:6.1%} {r['ms']:10.2f} ms {r['calls']:7d}x {r['op'][:80]}", flush=True)
+    return {"new_tokens": a.profile, "prompts": len(batch), "seeds_per_step": per_step,
+            "clock": "device" if cuda else "host",
             "total_ms": total / 1e3, "per_new_token_ms": total / 1e3 / a.profile, "top": rows}
+
+
+def population_weights(model, args) -> SeededWeights:
+    """The population decode's weights: speedproof-v2, formed in each op by the Triton kernel at the bench's
+    launch on a GPU, by the torch reference on the CPU."""
+    return SeededWeights(model, scheme="speedproof-v2", backend="triton" if args.device == "cuda" else "reference",
+                         launch=SeededLaunch.parse(args.seeded_launch))
 
 
 def check_population_memory(model, args, prompt_tokens: list[int], card_bytes: int) -> None:
@@ -370,9 +397,7 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
                     return [engine.generate(prompts, args.new_tokens, lengths=draws[chunk[0]])]
                 label, scheme = name, perturber.scheme
             else:
-                weights = SeededWeights(model, scheme="speedproof-v2",
-                                        backend="triton" if args.device == "cuda" else "reference",
-                                        launch=SeededLaunch.parse(args.seeded_launch))
+                weights = population_weights(model, args)
 
                 def decode(chunk):
                     return engine.generate_population(prompts, [(s, args.sigma) for s in chunk], args.new_tokens,

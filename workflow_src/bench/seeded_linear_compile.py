@@ -61,7 +61,7 @@ def compile_launch(launch: sl.SeededLaunch, perturb: bool, k: int, arch: int = 9
         signature["x_ptr"] = f"tensordesc<{dtype}[{launch.block_m}, {launch.block_k}]>"
         signature["w_ptr"] = f"tensordesc<{dtype}[{launch.block_n}, {launch.block_k}]>"
         aligned = tuple(a for a in _ALIGNED if a not in ("x_ptr", "w_ptr"))
-    return offline_compile.compile_kernel(sl._kernel(False), signature, constexprs, aligned, arch,
+    return offline_compile.compile_kernel(sl._kernels(False)[0], signature, constexprs, aligned, arch,
                                           launch.num_warps, launch.num_stages)
 
 

@@ -63,6 +63,7 @@ FLAGS = ("swap", "tma", "words")  # a launch's optional flags, in the order its 
 # shapes and the launch alone, never the machine.
 SPLIT_PROGRAMS = 256
 SPLIT_LEAST_TILES = 4  # K tiles a part keeps at least: fewer, and the fp32 partial sums cost more than they save
+ADD_BLOCK = 1024  # elements an add_parts program sums
 
 
 @dataclass(frozen=True)
@@ -358,15 +359,28 @@ def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr
             tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+def _add_parts_body(p_ptr, y_ptr, count, PARTS: tl.constexpr, KIND: tl.constexpr, HAND: tl.constexpr,
+                    INTERP: tl.constexpr, BLOCK: tl.constexpr):
+    # y = round((…((part 0 + part 1) + part 2)…) + part PARTS−1): one launch for the whole sum, in one order
+    at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = at < count
+    total = tl.load(p_ptr + at, mask=ok, other=0.0)
+    for part in tl.static_range(1, PARTS):
+        total += tl.load(p_ptr + count.to(tl.int64) * part + at, mask=ok, other=0.0)
+    if INTERP:
+        store_rounded(y_ptr + at, total, ok, KIND, HAND)
+    else:
+        tl.store(y_ptr + at, total.to(y_ptr.dtype.element_ty), mask=ok)
+
+
 @functools.cache
-def _kernel(interpret: bool):
+def _kernels(interpret: bool):
     if triton is None:
         raise ImportError("the seeded linear kernel needs triton (requirements.txt pins it)")
-    (kernel,) = jit_in_mode(interpret, (_seeded_linear_body,),
+    return jit_in_mode(interpret, (_seeded_linear_body, _add_parts_body),
                             helpers=(load_f32, widen_f32, round_to, store_rounded, _key_mix, _state_step, _fmix32, _murmur3_key,
                                      _murmur3_word, _v2_flip, _signed_sigma),
-                            do_not_specialize=("w_offset", "b_offset", "M_TILES", "words_stride", "M_ROWS"))
-    return kernel
+                            do_not_specialize=("w_offset", "b_offset", "M_TILES", "words_stride", "M_ROWS", "count"))
 
 
 @functools.lru_cache(maxsize=64)
@@ -409,7 +423,7 @@ def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, laun
     if launch.tma:
         xs, ws = _descriptors(xs, ws, launch, interpret)
     out = torch.empty((parts, M, N), dtype=torch.float32, device=x.device) if parts > 1 else view(y)
-    _kernel(interpret)[grid + (parts,)](
+    _kernels(interpret)[0][grid + (parts,)](
         xs, ws, view(bias) if bias is not None else view(x), out,
         row0, rows, seeds, sigmas, seeds if words is None else words, 0 if words is None else words.stride(0), N, M,
         weight_offset or 0, bias_offset or 0, m_tiles, K=K, PART_K=part_k if parts > 1 else K, SPLIT=parts > 1,
@@ -419,17 +433,25 @@ def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, laun
         WORDS=words is not None, WORD32=word32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=launch.num_warps,
         num_stages=launch.num_stages)
     if parts > 1:
-        return add_parts(out, y)
+        add_parts(out, y, interpret)
     return y
 
 
-def add_parts(partials: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """A split launch's fp32 partial sums [parts, M, N] added part after part, in that order, then rounded once to
-    y's dtype (to nearest, ties to even): one fixed order, so the same bits on every run."""
+def add_parts_reference(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """add_parts' sum by torch: part after part in fp32, rounded once."""
     total = partials[0].clone()
     for part in partials[1:]:
         total += part
-    return y.copy_(total)
+    return total.to(dtype)
+
+
+def add_parts(partials: torch.Tensor, y: torch.Tensor, interpret: bool) -> None:
+    """Into y: a split launch's fp32 partial sums [parts, M, N] added part after part, in that order, then rounded
+    once to y's dtype (to nearest, ties to even): one fixed order, so the same bits on every run."""
+    count = y.numel()
+    _kernels(interpret)[1][(triton.cdiv(count, ADD_BLOCK),)](
+        partials, bits_view(y) if interpret else y, count, PARTS=partials.shape[0], KIND=KIND[y.dtype],
+        HAND=interpret and KIND[y.dtype] == 1, INTERP=interpret, BLOCK=ADD_BLOCK)
 
 
 def _descriptors(x, weight, launch: SeededLaunch, interpret: bool):
