@@ -28,11 +28,13 @@ def test_a_population_above_the_card_is_refused_with_its_parts(model_and_tokeniz
     model, _ = model_and_tokenizer
     args = argparse.Namespace(batch=128, new_tokens=512, seeds_per_step=[1, 2, 8])
     one = memory.generation_peak(model, 128, 712, switched_copy=True)
-    eight = memory.generation_peak(model, 1024, 712, switched_copy=False)
+    eight = memory.generation_peak(model, 1024, 712, switched_copy=False, formed_scratch=True)
     assert one["base copy"] == one["weights"] and eight["base copy"] == 0
+    assert one["prefill scratch"] == 0 and eight["prefill scratch"] == max(p.numel() * p.element_size()
+                                                                           for p in model.parameters())
     assert eight["KV cache"] == 8 * one["KV cache"]
     roomy = int(sum(eight.values()) / memory.USABLE) + 1
     check_population_memory(model, args, [200, 150], roomy)
     with pytest.raises(ValueError, match=r"8 seed\(s\) per step \(1024 slots × 712 positions\): weights .* GB \+ "
-                                         r"KV cache .* GB \+ step logits .* GB = .* GB, more than the .* usable"):
+                                         r"prefill scratch .* GB \+ KV cache .* GB \+ step logits .* GB = .* GB, more than the .* usable"):
         check_population_memory(model, args, [200, 150], roomy - 2)

@@ -12,6 +12,7 @@ from workflow_src.engine.perturber import Perturber
 from workflow_src.engine.population_decoder import PopulationDecoder
 from workflow_src.engine.seeded_weights import SeededWeights
 from workflow_src.engine.static import StaticEngine
+from workflow_src.kernels.seeded_linear import SeedRows
 from workflow_src.tasks import synthetic_arithmetic as task
 
 POPULATION = [(11, 0.03), (2**32 - 1, 0.03), (12345, -0.02)]
@@ -154,3 +155,24 @@ def test_on_a_gpu_each_seed_repeats_its_tokens_and_nearly_always_gives_the_singl
     if not continuous:  # the blocks schedule's steps replay CUDA graphs: the same kernels as eager, the same tokens
         eager = StaticEngine(model, tok, 8, seeds_per_step=2, graphs=False)
         assert eager.generate_population(prompts, POPULATION, 16, weights, lengths=ends) == first
+
+
+def test_a_prefills_linears_run_on_each_seeds_weights_written_into_scratch(model_and_tokenizer):
+    """formed_linear: F.linear on the seed's weights as the reconstruct kernel writes them (the interpreted
+    kernel on the CPU), bit for bit the reference backend's, the scratch reused across shapes; its rows must be
+    one seed's, all of them. The control: another seed's weights give other rows."""
+    model, _ = model_and_tokenizer
+    tri, ref = SeededWeights(model, backend="triton"), SeededWeights(model, backend="reference")
+    layer = model.model.layers[0]
+    g = torch.Generator().manual_seed(0)
+    group = SeedRows(0, 3, *POPULATION[0])
+    for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.mlp.down_proj, layer.self_attn.q_proj):
+        x = torch.randn(3, 5, lin.in_features, generator=g).to(lin.weight.dtype)
+        got = tri.formed_linear(x, lin.weight, lin.bias, group)
+        assert torch.equal(got, ref.formed_linear(x, lin.weight, lin.bias, group))
+        assert torch.equal(got, ref.linear(x, lin.weight, lin.bias, [group]))
+        other = ref.formed_linear(x, lin.weight, lin.bias, SeedRows(0, 3, *POPULATION[1]))
+        assert not torch.equal(got, other)
+    assert len(tri._scratch) == 2  # one buffer for the matrices, one for the biases
+    with pytest.raises(ValueError, match="one seed's rows"):
+        tri.formed_linear(x[:2], lin.weight, lin.bias, group)

@@ -348,7 +348,8 @@ def check_population_memory(model, args, prompt_tokens: list[int], card_bytes: i
     capacity = max(prompt_tokens) + args.new_tokens
     for per_step in args.seeds_per_step:
         slots = args.batch * per_step
-        memory.check_fits(memory.generation_peak(model, slots, capacity, switched_copy=per_step == 1), card_bytes,
+        memory.check_fits(memory.generation_peak(model, slots, capacity, switched_copy=per_step == 1,
+                                                 formed_scratch=per_step > 1), card_bytes,
                           f"engine bench: {per_step} seed(s) per step ({slots} slots × {capacity} positions)")
 
 

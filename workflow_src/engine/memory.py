@@ -1,7 +1,7 @@
 """What a generation holds on the device at its peak, to refuse one the card cannot hold before it starts.
 
 The parts are the ones that scale with the work: the model's weights, a base copy of the parameters a Perturber
-switches (it restores them from it), the static engine's KV cache (`LeanQwen2.kv`: keys and values of every layer,
+switches (it restores them from it), a population prefill's scratch for one formed parameter, the static engine's KV cache (`LeanQwen2.kv`: keys and values of every layer,
 slot and position in the model's dtype) and a decode step's logits. What a card also spends (its CUDA context,
 captured graphs' pools, the allocator's slack) is the reserve: a plan may use `usable` of the card.
 """
@@ -32,10 +32,18 @@ def step_logits_bytes(model: torch.nn.Module, rows: int) -> int:
     return rows * model.config.vocab_size * 4
 
 
-def generation_peak(model: torch.nn.Module, slots: int, capacity: int, switched_copy: bool) -> dict[str, int]:
-    """The parts of one engine's peak: `switched_copy` where a Perturber holds its base copy meanwhile."""
+def largest_parameter_bytes(model: torch.nn.Module) -> int:
+    return max(p.numel() * p.element_size() for p in model.parameters())
+
+
+def generation_peak(model: torch.nn.Module, slots: int, capacity: int, switched_copy: bool,
+                    formed_scratch: bool = False) -> dict[str, int]:
+    """The parts of one engine's peak: `switched_copy` where a Perturber holds its base copy meanwhile;
+    `formed_scratch` where a population's prefill writes a seed's largest parameter into scratch
+    (SeededWeights.formed_linear)."""
     weights = parameter_bytes(model)
     return {"weights": weights, "base copy": weights if switched_copy else 0,
+            "prefill scratch": largest_parameter_bytes(model) if formed_scratch else 0,
             "KV cache": kv_cache_bytes(model, slots, capacity), "step logits": step_logits_bytes(model, slots)}
 
 

@@ -19,7 +19,8 @@ class PopulationDecoder(SlotDecoder):
     """A SlotDecoder over the rows of several RandOpt seeds, so one step reads the base weights for all of them
     (docs/randopt.md, "Population decode"): each slot decodes with the weights of the seed whose prompt it was
     given last (`admitted`), formed from the model's base weights inside each op (engine/seeded_weights.py). The
-    prompts of one seed admitted together prefill on their own, as the single-seed engine's would; a step runs
+    prompts of one seed admitted together prefill on their own, as the single-seed engine's would, on that seed's
+    weights written into scratch once per linear (SeededWeights.formed_linear); a step runs
     every slot's row together, one group per run of slots of one seed. No packed projections (the ops read each
     parameter by its own address)."""
 
@@ -71,10 +72,15 @@ class PopulationDecoder(SlotDecoder):
 
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
+        """Each seed's prompts on their own, its linears on its weights written into scratch (formed_linear)."""
         out = []
-        for g in self._groups(slots):
-            self.lean.groups = [SeedRows(0, g.rows, g.seed, g.sigma)]
-            out.append(super().prefill(prompts[g.row0:g.row0 + g.rows], slots[g.row0:g.row0 + g.rows]))
+        self.lean.formed = True
+        try:
+            for g in self._groups(slots):
+                self.lean.groups = [SeedRows(0, g.rows, g.seed, g.sigma)]
+                out.append(super().prefill(prompts[g.row0:g.row0 + g.rows], slots[g.row0:g.row0 + g.rows]))
+        finally:
+            self.lean.formed = False
         return torch.cat(out)
 
     def _step_ops(self, span: int, rows: int) -> torch.Tensor:

@@ -7,6 +7,9 @@ rounding to the stored dtype), so a seed's rows see exactly the weights `Perturb
 
 - linear layers (q/k/v/o, gate/up/down, lm_head) and their biases: `kernels/seeded_linear.py` (backend
   `reference`: each seed's weights reconstructed, then `F.linear` over its rows; `triton`: formed in registers);
+  a prefill, one seed's thousands of rows at a time, instead writes that seed's weight into a scratch tensor
+  (the reconstruct kernel, or the torch reference) and runs `F.linear` on it (`formed_linear`): its GEMMs are
+  arithmetic-bound, and the library's run at the tensor cores' rate where the seeded kernel does not;
 - the embedding: the gathered rows of the base table, each perturbed at its own indices;
 - norm scales: each seed's vector, repeated over its rows (the norm multiplies elementwise, row by row).
 
@@ -23,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from workflow_src.engine.perturber import SUPPORTED, select_parameters
+from workflow_src.kernels.perturb import reconstruct_triton
 from workflow_src.kernels.seeded_linear import (
     BACKENDS,
     DEFAULT_LAUNCH,
@@ -66,6 +70,11 @@ class SeededWeights:
         self.scheme, self.backend, self.launch = scheme, backend, launch
         self.layout = schemes.layout(scheme, {n: p.data for n, p in params.items()})
         self._offset = {params[name].data_ptr(): offset for name, offset, _ in self.layout}
+        # formed_linear's scratch: one flat buffer for weights (matrices) and one for biases (vectors), each as
+        # large as the largest perturbed parameter of its rank (engine/memory.py counts the largest parameter)
+        self._scratch_numel = {rank: max((p.numel() for p in params.values() if p.dim() == rank), default=0)
+                               for rank in (1, 2)}
+        self._scratch: dict = {}
 
     def offset(self, t: torch.Tensor | None) -> int | None:
         """The global index of t's first element, or None where t is not perturbed (or None)."""
@@ -80,6 +89,31 @@ class SeededWeights:
         y = seeded_linear(x.reshape(-1, k), weight, bias, flat, self.offset(weight), self.offset(bias),
                           scheme=self.scheme, backend=self.backend, launch=self.launch)
         return y.view(*lead, weight.shape[0])
+
+    def formed_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                      group: SeedRows) -> torch.Tensor:
+        """F.linear of x [B, ..., K], every batch row of one seed (`group`), on that seed's weight and bias
+        written into scratch tensors first (the reconstruct kernel's bits, as the Perturber writes them), so the
+        GEMM is the library's on the same rows as the single-seed engine's."""
+        if group.row0 != 0 or group.rows != x.shape[0]:
+            raise ValueError(f"population decode: formed_linear takes one seed's rows, all {x.shape[0]}; got {group}")
+        lead, k = x.shape[:-1], x.shape[-1]
+        w = self._formed(weight, group)
+        y = F.linear(x.reshape(-1, k), w, None if bias is None else self._formed(bias, group))
+        return y.view(*lead, weight.shape[0])
+
+    def _formed(self, t: torch.Tensor, group: SeedRows) -> torch.Tensor:
+        offset = self.offset(t)
+        if offset is None:
+            return t
+        if self.backend == "reference":
+            return perturbed(t, group.seed, group.sigma, offset, self.scheme)
+        key = (t.dim(), t.dtype, t.device)
+        if key not in self._scratch:
+            self._scratch[key] = torch.empty(self._scratch_numel[t.dim()], dtype=t.dtype, device=t.device)
+        # the stream orders the kernel after the last GEMM that read the buffer
+        out = self._scratch[key][:t.numel()].view(t.shape)
+        return reconstruct_triton(t, out, group.seed, group.sigma, offset, scheme=self.scheme)
 
     def embedding(self, ids: torch.Tensor, weight: torch.Tensor, groups: list[SeedRows]) -> torch.Tensor:
         """F.embedding of ids [B, q] with each group's seed's table rows (only the rows gathered are formed)."""
@@ -133,6 +167,8 @@ class SeededLean(LeanQwen2):
         super().__init__(model, batch_rows, max_len)
         self.weights = weights
         self.groups: list[SeedRows] = []
+        # True while a prefill runs (PopulationDecoder.prefill: one seed's rows): linears through formed_linear
+        self.formed = False
         self._scales: dict = {}
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
@@ -142,6 +178,9 @@ class SeededLean(LeanQwen2):
         return self._linear(x, self.model.lm_head.weight, None)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.formed:
+            (group,) = self.groups
+            return self.weights.formed_linear(x, weight, bias, group)
         return self.weights.linear(x, weight, bias, self.groups)
 
     def _mlp(self, li: int, x: torch.Tensor) -> torch.Tensor:
