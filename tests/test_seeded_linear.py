@@ -39,9 +39,11 @@ WORDS = SeededLaunch(32, 64, 64, 4, 3, words=True)  # each seed's hash words rea
 # K split into parts of whole 32-wide tiles (the K of 128 below: 4 parts; of 64: 2): fp32 partial sums added after
 SPLIT = SeededLaunch(16, 16, 32, 4, 2, split_k=4)
 SPLIT_DESCRIBED = SeededLaunch(16, 32, 32, 4, 3, swap=True, tma=True, split_k=2)
+# the K loop warp-specialized (compiled: producer warps load the tiles; interpreted, the same loop)
+SPECIALIZED = SeededLaunch(16, 32, 64, 4, 3, swap=True, tma=True, ws=True)
 
 
-@pytest.mark.parametrize("launch", [DEFAULT_LAUNCH, SWAPPED, DESCRIBED, WORDS, SPLIT], ids=str)
+@pytest.mark.parametrize("launch", [DEFAULT_LAUNCH, SWAPPED, DESCRIBED, WORDS, SPLIT, SPECIALIZED], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("offset,k", [(4096, 64), (4096 + 5, 64), (96, 40)])  # aligned; offset, K inside a word
 def test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, offset, k, launch, device="cpu"):
@@ -245,7 +247,8 @@ def test_bad_input_is_refused():
 @pytest.mark.gpu
 @gpu
 def test_the_compiled_kernel_forms_the_same_weights():
-    for launch in (DEFAULT_LAUNCH, SWAPPED, DESCRIBED, WORDS, SPLIT, SPLIT_DESCRIBED, SeededLaunch(128, 64, 64, 4, 3, swap=True),
+    for launch in (DEFAULT_LAUNCH, SWAPPED, DESCRIBED, WORDS, SPLIT, SPLIT_DESCRIBED, SPECIALIZED,
+                   SeededLaunch(128, 64, 64, 4, 3, swap=True, tma=True, ws=True), SeededLaunch(128, 64, 64, 4, 3, swap=True),
                    SeededLaunch(128, 64, 64, 4, 3, swap=True, tma=True, words=True)):
         for dtype in (torch.bfloat16, torch.float16):
             test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, 4096, 128, launch, device="cuda")

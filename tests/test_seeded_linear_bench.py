@@ -28,10 +28,13 @@ def test_a_launch_is_parsed_and_checked():
     assert SeededLaunch.parse("128/64/64/4/3/swap/tma/k4") == SeededLaunch(128, 64, 64, 4, 3, True, True, split_k=4)
     assert str(SeededLaunch(64, 64, 64, 4, 3, split_k=8)) == "64/64/64/4/3/k8"
     assert SeededLaunch.parse("64/64/64/4/3/k1") == SeededLaunch(64, 64, 64, 4, 3)
+    assert str(SeededLaunch.parse("128/64/64/4/3/swap/tma/ws/k2")) == "128/64/64/4/3/swap/tma/ws/k2"
     for bad, match in [("64/128/64/8", "expected"), ("64/128/64/8/3/swop", "expected"), ("64/128/64/8/swap", "expected"), ("64/128/64/8/3/tma/swap", "expected"), ("64/128/64/8/3/words/words", "expected"), ("48/128/64/8/3", "power of two"), ("8/128/64/8/3", ">= 16"),
                        ("64/128/16/8/3", "hash words"), ("64/128/64/3/3", "bad launch"), ("64/128/64/4/0", "bad launch"),
                        ("64/128/64/4/3/k4/swap", "expected"), ("64/128/64/4/3/k3", "split_k 3"), ("64/128/64/4/3/k128", "split_k 128"),
-                       ("64/128/64/4/3/k0", "split_k 0")]:
+                       ("64/128/64/4/3/k0", "split_k 0"),
+                       ("64/128/64/8/3/tma/ws", "takes 4 warps"), ("64/128/64/4/3/swap/ws", "takes 4 warps and /tma"),
+                       ("64/128/64/4/3/ws/swap", "expected")]:
         with pytest.raises(ValueError, match=match):
             SeededLaunch.parse(bad)
 

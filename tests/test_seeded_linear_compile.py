@@ -5,10 +5,12 @@ import pytest
 
 from workflow_src.bench import offline_compile
 from workflow_src.bench import seeded_linear_compile as slc
+from workflow_src.config_schema import resolve
 from workflow_src.kernels.seeded_linear import DEFAULT_LAUNCH, SeededLaunch
 
 pytestmark = pytest.mark.skipif(not offline_compile.available(), reason="triton's bundled ptxas/cuobjdump are missing")
 K = 512
+DEFAULTS = resolve("evidence", {})["seeded_linear_bench"]["launches"]
 
 
 def test_the_default_launch_pipelines_its_bf16_tiles():
@@ -44,6 +46,23 @@ def test_a_tma_launch_reads_its_tiles_through_the_bulk_tensor_copy_engine():
     assert formed["matrix"] == "wgmma" and formed["async_copies"] > 0 and formed["formed_operand"] == "registers"
     ptx = slc.compile_launch(SeededLaunch(128, 64, 64, 4, 3, swap=True, tma=True), False, K).asm["ptx"]
     assert "cp.async.bulk.tensor" in ptx and "cp.async.cg.shared.global" not in ptx
+
+
+def test_a_ws_launch_compiles_to_a_warp_specialized_loop():
+    """/ws partitions the K loop (producer warps load, the launch's 4 warps form and multiply); the control: the
+    same launch without /ws compiles one partition."""
+    ws = slc.structure(slc.compile_launch(SeededLaunch(128, 64, 64, 4, 3, swap=True, tma=True, ws=True), True, 3584),
+                       True)
+    assert ws["warp_specialized"] and ws["matrix"] == "wgmma" and ws["formed_operand"] == "registers"
+    assert ws["stack_bytes"] == 0
+    plain = slc.structure(slc.compile_launch(SeededLaunch(128, 64, 64, 4, 3, swap=True, tma=True), True, 3584), True)
+    assert not plain["warp_specialized"]
+
+
+@pytest.mark.parametrize("launch", [v for v in DEFAULTS if "/ws" in v])
+def test_the_default_ws_launches_compile_formed(launch):
+    """Not every tile shape compiles warp-specialized (module doc): the layer table's defaults do."""
+    assert slc.structure(slc.compile_launch(SeededLaunch.parse(launch), True, K), True)["warp_specialized"]
 
 
 def test_forming_is_counted_per_weight():

@@ -52,7 +52,8 @@ def compile_launch(launch: sl.SeededLaunch, perturb: bool, k: int, arch: int = 9
     constexprs = {"K": k, "PART_K": part_k, "SPLIT": split, "KIND": kind, "HAND": False, "INTERP": False, "PERTURB_W": perturb, "HAS_BIAS": bias,
                   "PERTURB_B": bias and perturb, "ALIGNED": aligned_words, "SWAP": launch.swap, "TMA": launch.tma,
                   "WORDS": launch.words, "WORD32": word32 and aligned_words and not launch.words,
-                  "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k}
+                  "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k,
+                  "WS": launch.ws}
     signature = {name: f"*{dtype}" if kind_ == "*bf16" else kind_ for name, kind_ in _SIGNATURE.items()}
     if split:
         signature["y_ptr"] = "*fp32"
@@ -70,7 +71,8 @@ def structure(compiled, perturb: bool) -> dict:
     ptx, ttgir = compiled.asm["ptx"], compiled.asm["ttgir"]
     matrix = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else "none"
     copies = len(re.findall(r"cp\.async\.(?:cg|ca)\.shared\.global|cp\.async\.bulk\.tensor", ptx))
-    doc = {"matrix": matrix, "async_copies": copies, **offline_compile.resources(compiled)}
+    doc = {"matrix": matrix, "async_copies": copies, "warp_specialized": "ttg.warp_specialize" in ttgir,
+           **offline_compile.resources(compiled)}
     if perturb and matrix == "wgmma":
         doc["formed_operand"] = "registers" if _REGISTER_A.search(ttgir) else "shared"
     return doc
@@ -129,7 +131,8 @@ def main(argv: list[str] | None = None) -> None:
             r = row["formed" if perturb else "plain"] = structure(compiled[perturb], perturb)
             print(f"{str(launch):>20} {'formed' if perturb else 'plain':>6}: {r['matrix']}, {r['async_copies']} async "
                   f"copies, {r['registers']} registers, {r['stack_bytes']} B spilled"
-                  + (f", formed tile from {r['formed_operand']}" if "formed_operand" in r else ""), flush=True)
+                  + (f", formed tile from {r['formed_operand']}" if "formed_operand" in r else "")
+                  + (", warp-specialized loop" if r["warp_specialized"] else ""), flush=True)
         cost = row["forming"] = forming_cost(launch, compiled[False], compiled[True])
         pipes = ", ".join(f"{k} {v:.2f}" for k, v in cost["by_pipe"].items())
         print(f"{str(launch):>20} forming: {cost['per_element']:.2f} instructions per weight ({pipes})", flush=True)

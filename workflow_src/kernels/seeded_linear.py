@@ -57,7 +57,7 @@ TRITON_SCHEMES = ("speedproof-v2",)
 WORD = 32  # elements per speedproof-v2 hash
 # Word indices of a tensor below this element index fit 32 bits: its hashes take 32-bit keys (_murmur3_word).
 WORD32_END = 2 ** 32 * WORD
-FLAGS = ("swap", "tma", "words")  # a launch's optional flags, in the order its string names them
+FLAGS = ("swap", "tma", "words", "ws")  # a launch's optional flags, in the order its string names them
 # A /kN launch splits K while a linear's programs number fewer than this: about two an SM on the 132-SM cards we
 # are lent. A constant, not read from the card, so the parts (and with them the order of the sums) follow the
 # shapes and the launch alone, never the machine.
@@ -78,7 +78,12 @@ class SeededLaunch:
     Hopper, the bulk tensor copy engine: one instruction a tile, no address arithmetic per element); a compiled
     launch needs a GPU of compute capability 9 or more and rows 16-byte aligned. `words`: each seed's hash words
     are read from a table made beforehand (`sign_words_table`) instead of hashed in the kernel, 4 bytes per 32
-    weights and seed; the caller makes and keeps the tables. `split_k` (`/kN`): a linear whose programs would
+    weights and seed; the caller makes and keeps the tables. `ws`: the K loop warp-specialized (Triton's
+    `tl.range(..., warp_specialize=True)`): producer warps issue the tile loads while the launch's 4 warps form
+    and multiply, as warp-specialized GEMMs overlap their copies with the tensor cores; Triton 3.6 partitions a
+    4-warp loop only (an 8-warp launch compiles without partitions) and fails to compile one whose tiles come
+    through pointers, so a /ws launch takes 4 warps and /tma (and not every tile shape compiles: 128/128/64/4/3/
+    swap/tma/ws does not). `split_k` (`/kN`): a linear whose programs would
     leave the card idle (at 128 rows a seed, a 512-column linear is 8 column tiles) splits its K into up to
     `split_k` parts of whole tiles (`split_parts`), each part's program writing its fp32 partial sums, which are
     then added part after part in one fixed order and rounded once: deterministic, and bit-equal run to run;
@@ -91,6 +96,7 @@ class SeededLaunch:
     swap: bool = False
     tma: bool = False
     words: bool = False
+    ws: bool = False
     split_k: int = 1
 
     def __post_init__(self):
@@ -102,12 +108,15 @@ class SeededLaunch:
             raise ValueError(f"seeded linear: block_k {self.block_k} must be whole {WORD}-weight hash words")
         if self.num_warps < 1 or self.num_warps & (self.num_warps - 1) or self.num_stages < 1:
             raise ValueError(f"seeded linear: bad launch {self}")
+        if self.ws and (self.num_warps != 4 or not self.tma):
+            raise ValueError(f"seeded linear: launch {self} is warp-specialized (/ws), which takes 4 warps and /tma "
+                             "(Triton 3.6 partitions a 4-warp loop only, and fails to compile a pointer-fed one)")
         if not 1 <= self.split_k <= 64 or self.split_k & (self.split_k - 1):
             raise ValueError(f"seeded linear: split_k {self.split_k} must be a power of two from 1 to 64")
 
     @classmethod
     def parse(cls, value: str) -> "SeededLaunch":
-        """`block_m/block_n/block_k/num_warps/num_stages[/swap][/tma][/words][/kN]`, e.g. 64/128/64/8/3 or
+        """`block_m/block_n/block_k/num_warps/num_stages[/swap][/tma][/words][/ws][/kN]`, e.g. 64/128/64/8/3 or
         128/128/64/4/4/swap/tma/k4."""
         parts = value.split("/")
         flags = parts[5:]
@@ -115,7 +124,7 @@ class SeededLaunch:
         if (len(parts) < 5 or not all(p.isdigit() for p in parts[:5]) or len(set(flags)) != len(flags)
                 or flags != [f for f in FLAGS if f in flags]):
             raise ValueError(f"seeded linear launch {value!r}: expected block_m/block_n/block_k/num_warps/"
-                             "num_stages[/swap][/tma][/words][/kN], e.g. 64/128/64/8/3 or 128/128/64/4/4/swap/tma/k4")
+                             "num_stages[/swap][/tma][/words][/ws][/kN], e.g. 64/128/64/8/3 or 128/128/64/4/4/swap/tma/k4")
         return cls(*map(int, parts[:5]), **{f: f in flags for f in FLAGS}, split_k=int(split[1:]))
 
     def __str__(self) -> str:
@@ -253,7 +262,7 @@ def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr
                         KIND: tl.constexpr, HAND: tl.constexpr, INTERP: tl.constexpr,
                         PERTURB_W: tl.constexpr, HAS_BIAS: tl.constexpr, PERTURB_B: tl.constexpr, ALIGNED: tl.constexpr,
                         SWAP: tl.constexpr, TMA: tl.constexpr, WORDS: tl.constexpr, WORD32: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WS: tl.constexpr):
     # K is a constant: the interpreter cannot bound a loop by a run-time value (one compilation per width).
     # axis 0: (seed group, row tile), axis 1: column tile; axis 0 varies fastest in the launch order, so every
     # seed's programs of one column tile run together and share the base tile through L2. Axis 2: the part of K
@@ -282,7 +291,7 @@ def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr
             k_first = 0
         # Tiles of the last part past K read zeros (masked, or beyond the descriptor's tensor): whatever sign a
         # weight there is formed with, it multiplies a zero input.
-        for k_in in range(0, PART_K, BLOCK_K):
+        for k_in in tl.range(0, PART_K, BLOCK_K, warp_specialize=WS):
             k0 = k_first + k_in
             rk = k0 + tl.arange(0, BLOCK_K)
             k_ok = rk < K
@@ -430,7 +439,7 @@ def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, laun
         KIND=kind, HAND=interpret and kind == 1, INTERP=interpret,
         PERTURB_W=weight_offset is not None, HAS_BIAS=bias is not None,
         PERTURB_B=bias is not None and bias_offset is not None, ALIGNED=aligned, SWAP=launch.swap, TMA=launch.tma,
-        WORDS=words is not None, WORD32=word32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=launch.num_warps,
+        WORDS=words is not None, WORD32=word32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, WS=launch.ws, num_warps=launch.num_warps,
         num_stages=launch.num_stages)
     if parts > 1:
         add_parts(out, y, interpret)
