@@ -117,6 +117,14 @@ def test_a_record_holds_every_repeat_its_median_range_and_provenance(tmp_path, b
     assert rec["raw"][0]["args"]["lengths"] == "fixed:4"
     together = by_id["tiny.0.5B.static+seeds_per_step=2+continuous.population_seeds_per_s"]  # one schedule
     assert together["repeats"] == 3 and "2 seeds decoding together (continuous schedule), their speedproof-v2" in together["what"]
+    # against one seed at a time in the same run, repeat by repeat (each side's own statistic: the one-seed
+    # population leaves its first seed out; the continuous schedule is one chunk, counted whole)
+    over = by_id["tiny.0.5B.static+seeds_per_step=2+continuous.population_over_one_seed"]
+    assert over["unit"] == "×" and over["values"] == [a / b for a, b in zip(together["values"], seeds["values"])]
+    assert "after the first" in seeds["what"] and "after the first" not in together["what"]
+    whole = by_id["tiny.0.5B.static+seeds_per_step=2+continuous.population_share_of_floor"]  # one chunk: whole run
+    pop = rec["raw"][0]["population"]["engines"]["static+seeds_per_step=2+continuous"]
+    assert whole["values"] == pytest.approx([r["seeds_per_s"] * pop["floor"]["seconds"] / 2 for r in pop["runs"]])
     # the second engine against the first, repeat by repeat; the population ran the static engine alone
     ratio = by_id["tiny.0.5B.static.ratio_to_static:compact=0"]
     full, static = by_id["tiny.0.5B.static:compact=0.gen_tokens_per_s"], by_id["tiny.0.5B.static.gen_tokens_per_s"]

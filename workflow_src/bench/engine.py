@@ -527,6 +527,9 @@ def time_population(decode, chunks, grader, tok, floors, single_floors, repeats,
             run["seeds_per_s_after_first"] = after
             run["share_of_floor"] = after / ((len(floors) - first) / sum(floors[first:]))
             run["share_of_single_seed_floor"] = after / ((len(single_floors) - first) / sum(single_floors[first:]))
+        else:  # one chunk: its graph capture counted, as its seeds/s counts it
+            run["share_of_floor"] = run["seeds_per_s"] / (len(floors) / sum(floors))
+            run["share_of_single_seed_floor"] = run["seeds_per_s"] / (len(single_floors) / sum(single_floors))
         runs.append(run)
         print(f"population {label:>7}: {run['seeds_per_s']:.3f} seeds/s"
               + (f" ({run['seeds_per_s_after_first']:.3f} after the first chunk, {run['share_of_floor']:.0%} of the "

@@ -143,6 +143,13 @@ def engine_claims(prefix: str, bench: Mapping[str, Any]) -> list[dict[str, Any]]
                                  f"share of the population decode's completions identical to {agreement['reference']}"
                                  f" ({agreement['seeds']} seeds × {agreement['completions'] // agreement['seeds']} "
                                  f"prompts, greedy){where}", "share", [agreement["identical_share"]]))
+            one = pop["engines"].get(name.split("+")[0])
+            if per_step > 1 and one and one.get("seeds_per_step", 1) == 1 and len(one["runs"]) == len(e["runs"]):
+                out.append(claim(f"{prefix}.{shape}.{name}.population_over_one_seed",
+                                 f"the same population's seeds/s over one seed at a time's on the same engine in the "
+                                 f"same run, repeat by repeat (above 1: {per_step} seeds decoding together beat one "
+                                 "seed at a time)", "×",
+                                 [r[key] / o[one["statistic"]] for r, o in zip(e["runs"], one["runs"])]))
             single = [r["share_of_single_seed_floor"] for r in e["runs"] if "share_of_single_seed_floor" in r]
             if per_step > 1 and single:
                 out.append(claim(f"{prefix}.{shape}.{name}.population_share_of_single_seed_floor",
