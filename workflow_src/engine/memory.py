@@ -1,8 +1,9 @@
 """What a generation holds on the device at its peak, to refuse one the card cannot hold before it starts.
 
 The parts are the ones that scale with the work: the model's weights, a base copy of the parameters a Perturber
-switches (it restores them from it), a population prefill's scratch for one formed parameter, the static engine's KV cache (`LeanQwen2.kv`: keys and values of every layer,
-slot and position in the model's dtype) and a decode step's logits. What a card also spends (its CUDA context,
+switches (it restores them from it), a population prefill's scratch for one formed parameter, the static engine's
+KV cache (`LeanQwen2.kv`: keys and values of every layer, slot and position in the model's dtype) and a decode
+step's logits. What a card also spends (its CUDA context,
 captured graphs' pools, the allocator's slack) is the reserve: a plan may use `usable` of the card.
 """
 

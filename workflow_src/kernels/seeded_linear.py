@@ -82,12 +82,12 @@ class SeededLaunch:
     `tl.range(..., warp_specialize=True)`): producer warps issue the tile loads while the launch's 4 warps form
     and multiply, as warp-specialized GEMMs overlap their copies with the tensor cores; Triton 3.6 partitions a
     4-warp loop only (an 8-warp launch compiles without partitions) and fails to compile one whose tiles come
-    through pointers, so a /ws launch takes 4 warps and /tma (and not every tile shape compiles: 128/128/64/4/3/
-    swap/tma/ws does not). `split_k` (`/kN`): a linear whose programs would
-    leave the card idle (at 128 rows a seed, a 512-column linear is 8 column tiles) splits its K into up to
-    `split_k` parts of whole tiles (`split_parts`), each part's program writing its fp32 partial sums, which are
-    then added part after part in one fixed order and rounded once: deterministic, and bit-equal run to run;
-    the split changes the order of the sums, as block_k does."""
+    through pointers, so a /ws launch takes 4 warps and /tma (and not every tile shape compiles:
+    128/128/64/4/3/swap/tma/ws does not). `split_k` (`/kN`): a linear whose programs would leave the card idle
+    (at 128 rows a seed, a 512-column linear is 8 column tiles) splits its K into up to `split_k` parts of whole
+    tiles (`split_parts`), each part's program writing its fp32 partial sums, which are then added part after
+    part in one fixed order and rounded once (`add_parts`): deterministic, and bit-equal run to run; the split
+    changes the order of the sums, as block_k does."""
     block_m: int = 32
     block_n: int = 64
     block_k: int = 64
@@ -258,8 +258,8 @@ def _signed_sigma(t, sigma_bits):
 
 
 def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr, sigma_ptr, words_ptr, words_stride,
-                        N, M_ROWS, w_offset, b_offset, M_TILES, K: tl.constexpr, PART_K: tl.constexpr, SPLIT: tl.constexpr,
-                        KIND: tl.constexpr, HAND: tl.constexpr, INTERP: tl.constexpr,
+                        N, M_ROWS, w_offset, b_offset, M_TILES, K: tl.constexpr, PART_K: tl.constexpr,
+                        SPLIT: tl.constexpr, KIND: tl.constexpr, HAND: tl.constexpr, INTERP: tl.constexpr,
                         PERTURB_W: tl.constexpr, HAS_BIAS: tl.constexpr, PERTURB_B: tl.constexpr, ALIGNED: tl.constexpr,
                         SWAP: tl.constexpr, TMA: tl.constexpr, WORDS: tl.constexpr, WORD32: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WS: tl.constexpr):
@@ -387,9 +387,9 @@ def _kernels(interpret: bool):
     if triton is None:
         raise ImportError("the seeded linear kernel needs triton (requirements.txt pins it)")
     return jit_in_mode(interpret, (_seeded_linear_body, _add_parts_body),
-                            helpers=(load_f32, widen_f32, round_to, store_rounded, _key_mix, _state_step, _fmix32, _murmur3_key,
-                                     _murmur3_word, _v2_flip, _signed_sigma),
-                            do_not_specialize=("w_offset", "b_offset", "M_TILES", "words_stride", "M_ROWS", "count"))
+                       helpers=(load_f32, widen_f32, round_to, store_rounded, _key_mix, _state_step, _fmix32,
+                                _murmur3_key, _murmur3_word, _v2_flip, _signed_sigma),
+                       do_not_specialize=("w_offset", "b_offset", "M_TILES", "words_stride", "M_ROWS", "count"))
 
 
 @functools.lru_cache(maxsize=64)
@@ -439,8 +439,8 @@ def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, laun
         KIND=kind, HAND=interpret and kind == 1, INTERP=interpret,
         PERTURB_W=weight_offset is not None, HAS_BIAS=bias is not None,
         PERTURB_B=bias is not None and bias_offset is not None, ALIGNED=aligned, SWAP=launch.swap, TMA=launch.tma,
-        WORDS=words is not None, WORD32=word32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, WS=launch.ws, num_warps=launch.num_warps,
-        num_stages=launch.num_stages)
+        WORDS=words is not None, WORD32=word32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, WS=launch.ws,
+        num_warps=launch.num_warps, num_stages=launch.num_stages)
     if parts > 1:
         add_parts(out, y, interpret)
     return y
