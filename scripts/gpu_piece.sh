@@ -2,7 +2,9 @@
 # One piece of a workflow target on a GPU host lent in calls of a few minutes (docs/rl-subject.md, "Evidence over
 # several device windows"), run from the checkout's root:
 #   [RESTORE=FILE] bash scripts/gpu_piece.sh SECONDS OUTDIR -- SNAKEMAKE_ARGS...
-# Unpacks RESTORE (the last piece's results.tar.gz, carried under a git-ignored path such as .whl/) when given;
+# Takes the commit of .whl/head.bundle (scripts/device_head.sh) when carried: the host's .git may be an older
+# call's, and its records would then name that commit and say dirty;
+# unpacks RESTORE (the last piece's results.tar.gz, carried under a git-ignored path such as .whl/) when given;
 # says so when the checkout is not clean (every record then says dirty, and `make keep` refuses it: the device's
 # copy of a checkout does not take its .git/info/exclude, so carry files under a .gitignore'd path);
 # installs the carried wheels (.whl/, scripts/device_wheels.sh) when the host lacks Snakemake; rebuilds every
@@ -25,6 +27,11 @@ done
 if [ -n "${RESTORE:-}" ]; then
   tar xzf "$RESTORE" || { echo "gpu_piece: cannot unpack RESTORE=$RESTORE" >&2; exit 2; }
   echo "gpu_piece: unpacked $RESTORE"
+fi
+if [ -f .whl/head.bundle ]; then  # the commit the files came from (scripts/device_head.sh), where .git is older
+  git fetch -q .whl/head.bundle HEAD && git reset -q FETCH_HEAD \
+    || { echo "gpu_piece: cannot take the commit of .whl/head.bundle" >&2; exit 2; }
+  echo "gpu_piece: took the commit of .whl/head.bundle"
 fi
 echo "gpu_piece: at commit $(git log -1 --format=%H 2>/dev/null || echo unknown)"  # what its records will name
 changed=$(git status --porcelain 2>/dev/null | head -5 | tr '\n' ' ')

@@ -55,3 +55,30 @@ def test_a_piece_restores_the_last_pieces_results_and_says_when_the_tree_is_dirt
     (clone / "last.tar.gz").write_bytes((clone / ".whl" / "last.tar.gz").read_bytes())
     run = piece(clone, tmp_path / "out2", "last.tar.gz")
     assert run.returncode == 0 and "the checkout is not clean here (?? last.tar.gz" in run.stderr
+
+
+def test_a_piece_takes_the_carried_commit_where_the_hosts_git_is_older(tmp_path):
+    """The device tool can keep an earlier call's .git beside this checkout's files: the bundle that
+    scripts/device_head.sh writes moves HEAD and the index to the files' commit, so the records name it, clean.
+    The control: without the bundle the same copy is dirty and names the older commit."""
+    clone = tmp_path / "clone"
+    copy_of_the_checkout(clone)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(clone)]
+    made = subprocess.run(["bash", "scripts/device_head.sh"], cwd=clone, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    files_commit = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    readme = (clone / "README.md").read_bytes()
+    (clone / "README.md").write_bytes(readme + b"an older call's text\n")
+    subprocess.run(git + ["commit", "-qam", "older"], check=True)  # the host's .git: another commit's
+    (clone / "README.md").write_bytes(readme)  # the files: this checkout's
+    run = piece(clone, tmp_path / "out1", "")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert f"gpu_piece: at commit {files_commit}" in run.stdout and "not clean" not in run.stderr
+    (clone / ".whl" / "head.bundle").unlink()
+    subprocess.run(git + ["reset", "-q", "HEAD@{1}"], check=True)  # back to the older commit, files untouched
+    run = piece(clone, tmp_path / "out2", "")
+    assert run.returncode == 0 and "the checkout is not clean here ( M README.md" in run.stderr
+    assert f"gpu_piece: at commit {files_commit}" not in run.stdout
+    # a checkout that is not clean makes no bundle
+    refused = subprocess.run(["bash", "scripts/device_head.sh"], cwd=clone, capture_output=True, text=True)
+    assert refused.returncode == 2 and "not clean" in refused.stderr
