@@ -176,3 +176,26 @@ def test_a_prefills_linears_run_on_each_seeds_weights_written_into_scratch(model
     assert len(tri._scratch) == 2  # one buffer for the matrices, one for the biases
     with pytest.raises(ValueError, match="one seed's rows"):
         tri.formed_linear(x[:2], lin.weight, lin.bias, group)
+
+
+def test_with_the_fused_kernels_each_seed_decodes_as_the_fused_single_seed_engine(model_and_tokenizer, prompts,
+                                                                                  monkeypatch):
+    """`fused` (a GPU decoder's default, interpreted here): the norms take a scale per row (each row's seed's)
+    through the fused RMSNorm kernel, RoPE and SiLU×up through theirs; the tokens are the fused single-seed
+    engine's on each seed's written weights, bit for bit (the CPU's GEMM rows do not depend on the row count)."""
+    from workflow_src.kernels import rmsnorm
+    model, tok = model_and_tokenizer
+    per_row, forward = [], rmsnorm.rms_norm_fused_forward
+    monkeypatch.setattr(rmsnorm, "rms_norm_fused_forward",
+                        lambda x, weight, *a, **k: per_row.append(weight.dim() > 1) or forward(x, weight, *a, **k))
+    single = StaticEngine(copy.deepcopy(model), tok, 3, fused=True)
+    perturber = Perturber(single.model, backend="reference", scheme="speedproof-v2")
+    want = []
+    for seed, sigma in POPULATION[:2]:
+        perturber.apply(seed, sigma)
+        want.append(single.generate(prompts[:4], 6))
+    assert want[0] != want[1]  # the seeds' weights change the tokens: the comparison can fail
+    per_row.clear()
+    engine = StaticEngine(model, tok, 6, seeds_per_step=2, fused=True)
+    got = engine.generate_population(prompts[:4], POPULATION[:2], 6, SeededWeights(model, backend="reference"))
+    assert got == want and any(per_row)

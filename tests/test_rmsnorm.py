@@ -240,3 +240,33 @@ def test_lean_path_takes_the_fused_norms():
     fused, plain = LeanQwen2(model, 2, 8, fused=True), LeanQwen2(model, 2, 8)
     assert (fused.norm, fused.add_norm) == (rmsnorm.rms_norm_fused, rmsnorm.add_rms_norm_fused)
     assert (plain.norm, plain.add_norm) == (rmsnorm.rms_norm, rmsnorm.add_rms_norm)
+
+
+@pytest.mark.parametrize("shape", [(6, 200), (3, 5, 200), (20, 1, 256)])
+@pytest.mark.parametrize("add", [False, True])
+def test_a_scale_per_leading_row_gives_the_broadcast_products_bits(shape, add):
+    """A population decode's norms: each leading row its own scale, [B, 1, …, width]. Forward, interpreted:
+    the statement's bits with the weight broadcast as the eager product broadcasts it (and the new residual
+    as with one scale); the control: the same scales in another row order give other rows."""
+    x, u, _, _, _ = _inputs(shape, torch.bfloat16, seed=7)
+    g = torch.Generator().manual_seed(8)
+    w = (1 + 0.1 * torch.randn((shape[0],) + (1,) * (len(shape) - 2) + (shape[-1],), generator=g)).bfloat16()
+    assert rmsnorm.fusable(x, w) and rmsnorm.per_row(x, w)
+    h = rmsnorm.add_rms_norm(x, u, torch.ones(shape[-1]).bfloat16(), 1e-6)[1] if add else x
+    # the statement's normalized rows (a scale of one changes no bit), times each row's scale, rounded once
+    want = w * rmsnorm.rms_norm_cuda_order(h, torch.ones(shape[-1]).bfloat16(), 1e-6)
+    with torch.no_grad():
+        got = rmsnorm.add_rms_norm_fused(x, u, w, 1e-6) if add else (rmsnorm.rms_norm_fused(x, w, 1e-6), h)
+    assert bit_equal(got[0], want) and bit_equal(got[1], h)
+    flipped = rmsnorm.rms_norm_fused(h, w.flip(0), 1e-6)
+    assert not bit_equal(flipped, want)
+    # with gradients the per-row scale takes the eager ops (the backward kernel takes one scale)
+    xg = x.float().requires_grad_()
+    assert bit_equal(rmsnorm.rms_norm_fused(xg, w.float(), 1e-6), rmsnorm.rms_norm(xg, w.float(), 1e-6))
+
+
+def test_a_weight_that_fits_neither_one_scale_nor_one_per_row_is_refused():
+    x = torch.randn(4, 3, 64)
+    assert not rmsnorm.fusable(x, torch.ones(4, 3, 64)) and not rmsnorm.fusable(x, torch.ones(2, 1, 64))
+    with pytest.raises(ValueError, match="weight"):
+        rmsnorm.rms_norm_fused_forward(x, torch.ones(4, 3, 64), 1e-6)

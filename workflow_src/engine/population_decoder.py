@@ -39,7 +39,7 @@ class PopulationDecoder(SlotDecoder):
         self._replayed_tables: list = []
 
     def _make_lean(self, model: PreTrainedModel, slots: int, capacity: int, fused: bool) -> LeanQwen2:
-        return SeededLean(model, slots, capacity, self.weights)
+        return SeededLean(model, slots, capacity, self.weights, fused=fused)
 
     def admitted(self, slots: list[int], items: list[int]) -> None:
         for slot, item in zip(slots, items):

@@ -36,6 +36,7 @@ from workflow_src.kernels.seeded_linear import (
     perturbed,
     seeded_linear,
 )
+from workflow_src.kernels.swiglu import silu_mul
 from workflow_src.model.lean_qwen2 import LeanQwen2
 from workflow_src.noise import schemes
 from workflow_src.noise import speedproof as noise
@@ -159,12 +160,16 @@ class SeededWeights:
 
 class SeededLean(LeanQwen2):
     """The lean forward whose parameter reads are each batch row's seed's values (`weights`); `groups` cover the
-    batch rows of the next call (set by its caller before each prefill or step). Norms and the MLP run as the
-    eager ops (the fused kernels take one scale vector and one weight per call). The base weights stay as they
-    are while it lives (its norm scales are formed once per seed)."""
+    batch rows of the next call (set by its caller before each prefill or step). `fused` (a GPU decoder's
+    default): the norms through the fused RMSNorm kernels with a scale per batch row (each row's seed's), RoPE and
+    SiLU×up through theirs, all bit-equal to the eager ops; the MLP's projections stay three seeded linears (no
+    packed gate/up). The base weights stay as they are while it lives (its norm scales are formed once per
+    seed)."""
 
-    def __init__(self, model: torch.nn.Module, batch_rows: int, max_len: int, weights: SeededWeights):
-        super().__init__(model, batch_rows, max_len)
+    def __init__(self, model: torch.nn.Module, batch_rows: int, max_len: int, weights: SeededWeights,
+                 fused: bool = False):
+        super().__init__(model, batch_rows, max_len, fused=fused)
+        self.fused = fused
         self.weights = weights
         self.groups: list[SeedRows] = []
         # True while a prefill runs (PopulationDecoder.prefill: one seed's rows): linears through formed_linear
@@ -186,7 +191,7 @@ class SeededLean(LeanQwen2):
     def _mlp(self, li: int, x: torch.Tensor) -> torch.Tensor:
         mlp = self.layers[li].mlp  # swiglu_mlp's ops in its order
         gate, up = self._linear(x, mlp.gate_proj.weight, None), self._linear(x, mlp.up_proj.weight, None)
-        return self._linear(F.silu(gate) * up, mlp.down_proj.weight, None)
+        return self._linear(silu_mul(gate, up) if self.fused else F.silu(gate) * up, mlp.down_proj.weight, None)
 
     def rms(self, norm: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
         return self.norm(h, self.weights.vector(norm.weight, self.groups, h, self._scales), norm.variance_epsilon)

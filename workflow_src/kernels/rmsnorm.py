@@ -4,7 +4,9 @@ its fused Triton kernels (forward and backward, with the decoder layer's residua
 Reference: transformers' Qwen2RMSNorm module (`rms_norm`, `add_rms_norm`).
 
 Fused kernels: `rms_norm_fused(x, weight, eps)` and `add_rms_norm_fused(residual, update, weight, eps)`
-are torch.autograd.Functions giving eager CUDA's bits both ways. Unlike the elementwise kernels
+are torch.autograd.Functions giving eager CUDA's bits both ways. Their forward also takes one scale per
+leading row of x (`per_row`: a population decode's rows, each its seed's scale), as the eager product
+broadcasts it; with gradients such a weight takes the eager ops. Unlike the elementwise kernels
 (swiglu.py, rope.py), RMSNorm reduces along each row, twice (the forward's mean of squares, the
 backward's sum for the rsqrt's gradient), and fp32 addition is not associative: the kernels add in the
 order ATen's CUDA reduction does for the same shape (below), which depends on the width and, for fewer
@@ -312,13 +314,15 @@ def _rsqrt(v, RSQRT: tl.constexpr, INTERP: tl.constexpr):
     return r
 
 
-def _rms_fwd_body(x_ptr, u_ptr, w_ptr, y_ptr, res_ptr, r_ptr, width, s_x, s_u, s_y, s_res, factor, eps,
+def _rms_fwd_body(x_ptr, u_ptr, w_ptr, y_ptr, res_ptr, r_ptr, width, s_x, s_u, s_y, s_res, s_w, w_rows, factor,
+                  eps,
                   RESID: tl.constexpr, KX: tl.constexpr, KY: tl.constexpr, KW: tl.constexpr,
                   HAND: tl.constexpr, SKIP: tl.constexpr, RSQRT: tl.constexpr, INTERP: tl.constexpr,
                   LANES: tl.constexpr, VEC: tl.constexpr, STEPS: tl.constexpr, BLOCK: tl.constexpr,
                   BLOCKS: tl.constexpr, UNROLL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     xp, up = x_ptr + row * s_x, u_ptr + row * s_u
+    wp = w_ptr + (row // w_rows) * s_w  # the row's scale: one for all (s_w 0), or one per w_rows rows
     total = _row_sum_body(xp, up, xp, w_ptr, width, True, RESID, KX, KY, KW, HAND, LANES, VEC, STEPS, UNROLL)
     r = _rsqrt(total * factor + eps, RSQRT, INTERP)
     tl.store(r_ptr + row + tl.arange(0, 1), r)
@@ -329,7 +333,7 @@ def _rms_fwd_body(x_ptr, u_ptr, w_ptr, y_ptr, res_ptr, r_ptr, width, s_x, s_u, s
         if RESID:
             store_rounded(res_ptr + row * s_res + col, xf, mask, KX, HAND)
         hb = round_mid(xf * r, KX, HAND, SKIP)
-        store_rounded(y_ptr + row * s_y + col, load_f32(w_ptr + col, mask, KW) * hb, mask, KY, HAND)
+        store_rounded(y_ptr + row * s_y + col, load_f32(wp + col, mask, KW) * hb, mask, KY, HAND)
 
 
 def _rms_bwd_body(g_ptr, x_ptr, w_ptr, r_ptr, gres_ptr, dx_ptr, pw_ptr, width, s_g, s_x, s_gres, s_dx, s_pw,
@@ -413,9 +417,16 @@ def _as_rows(t: torch.Tensor, width: int) -> torch.Tensor:
     return v if v.stride(1) == 1 else v.contiguous()
 
 
+def per_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """A weight of one scale per leading row of x, [B, 1, …, width] against x [B, …, width], broadcasting over
+    the middle dimensions as the eager product does (a population decode's norms: each row its seed's scale)."""
+    return (weight.dim() == x.dim() >= 2 and weight.shape[0] == x.shape[0] and weight.shape[-1] == x.shape[-1]
+            and all(n == 1 for n in weight.shape[1:-1]))
+
+
 def _check(x: torch.Tensor, weight: torch.Tensor) -> tuple[int, int, torch.dtype]:
     kx, kw = check_dtype(x, "rms_norm"), check_dtype(weight, "rms_norm weight")
-    if weight.dim() != 1 or x.shape[-1] != weight.shape[0] or x.device != weight.device:
+    if (weight.dim() != 1 and not per_row(x, weight)) or x.shape[-1] != weight.shape[-1] or x.device != weight.device:
         raise ValueError(f"rms_norm: weight {tuple(weight.shape)} on {weight.device} does not fit input "
                          f"{tuple(x.shape)} on {x.device}")
     return kx, kw, torch.promote_types(weight.dtype, x.dtype)
@@ -425,8 +436,9 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> tuple[int, int, torch.dtype
 def rms_norm_fused_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, update: torch.Tensor | None = None,
                            variant: str | RmsNormVariant | None = None, interpret: bool | None = None):
     """(y, rstd, new_residual or None): rms_norm(x) (or of rnd(x + update), which is returned as the new
-    residual) in one pass, with the per-row fp32 rstd for the backward. Raises UnsupportedReduction for
-    shapes whose CUDA order is not modelled."""
+    residual) in one pass, with the per-row fp32 rstd for the backward. `weight`: [width], or one scale per
+    leading row of x (`per_row`; forward only). Raises UnsupportedReduction for shapes whose CUDA order is not
+    modelled."""
     kx, kw, y_dtype = _check(x, weight)
     if update is not None and (update.shape != x.shape or update.dtype != x.dtype):
         raise ValueError(f"add_rms_norm: update {tuple(update.shape)} {update.dtype} does not match residual "
@@ -441,9 +453,11 @@ def rms_norm_fused_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, up
     res = torch.empty(rows, width, dtype=x.dtype, device=x.device) if update is not None else y
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
     hand = v.round == "hand" or (v.round == "auto" and interpret)
+    w2 = _as_rows(weight, width)
+    s_w, w_rows = (w2.stride(0), rows // w2.shape[0]) if weight.dim() > 1 else (0, 1)
     _rms_kernels(interpret)[0][(rows,)](
-        bits_view(x2), bits_view(u2), bits_view(weight), bits_view(y), bits_view(res), rstd, width,
-        x2.stride(0), u2.stride(0), y.stride(0), res.stride(0), mean_factor(rows, width), eps,
+        bits_view(x2), bits_view(u2), bits_view(w2), bits_view(y), bits_view(res), rstd, width,
+        x2.stride(0), u2.stride(0), y.stride(0), res.stride(0), s_w, w_rows, mean_factor(rows, width), eps,
         RESID=update is not None, KX=kx, KY=KIND[y_dtype], KW=kw, HAND=hand, SKIP=v.skip_round and kx != 0,
         RSQRT=_RSQRT[v.rsqrt], INTERP=interpret, LANES=order.lanes, VEC=order.vectorized, STEPS=steps,
         BLOCK=block, BLOCKS=blocks, UNROLL=v.unroll, num_warps=NUM_WARPS, enable_fp_fusion=v.fusion)
@@ -508,6 +522,8 @@ def fusable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the fused kernels take this input (dtype, and a row-reduction order they model)."""
     if triton is None or x.dtype not in KIND or weight.dtype not in KIND or x.dim() == 0:
         return False
+    if weight.dim() != 1 and not per_row(x, weight):
+        return False
     try:
         row_reduce_order(x.numel() // max(x.shape[-1], 1), x.shape[-1])
     except UnsupportedReduction:
@@ -523,6 +539,8 @@ def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float,
         return rms_norm(x, weight, eps)
     if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         return rms_norm_fused_forward(x, weight, eps, None, variant)[0]  # inference: nothing to save
+    if weight.dim() > 1:  # the backward kernel takes one scale
+        return rms_norm(x, weight, eps)
     return RmsNorm.apply(x, None, weight, eps, variant)
 
 
@@ -534,6 +552,8 @@ def add_rms_norm_fused(residual: torch.Tensor, update: torch.Tensor, weight: tor
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in (residual, update, weight))):
         y, _, h = rms_norm_fused_forward(residual, weight, eps, update, variant)
         return y, h
+    if weight.dim() > 1:  # the backward kernel takes one scale
+        return add_rms_norm(residual, update, weight, eps)
     return RmsNorm.apply(residual, update, weight, eps, variant)
 
 
