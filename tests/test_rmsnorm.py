@@ -168,6 +168,24 @@ def test_gpu_fused_equals_eager_autograd(dname, shape, add):
         assert bit_equal(got[name], want[name]), (name, ulp_stats(got[name], want[name]))
 
 
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("shape", [(1024, 1, 3584), (8, 200, 896)])
+@pytest.mark.parametrize("add", [False, True])
+def test_gpu_a_scale_per_row_equals_the_eager_broadcast(shape, add):
+    """A population decode's norms on a GPU: eager CUDA's bits with a scale per leading row."""
+    x, u, _, _, _ = (t.cuda() for t in _inputs(shape, torch.bfloat16, seed=11))
+    g = torch.Generator(device="cuda").manual_seed(12)
+    w = (1 + 0.1 * torch.randn((shape[0], 1, shape[-1]), generator=g, device="cuda")).bfloat16()
+    with torch.no_grad():
+        if add:
+            got, want = rmsnorm.add_rms_norm_fused(x, u, w, 1e-6), rmsnorm.add_rms_norm(x, u, w, 1e-6)
+        else:
+            got, want = (rmsnorm.rms_norm_fused(x, w, 1e-6),), (rmsnorm.rms_norm(x, w, 1e-6),)
+    for a, b in zip(got, want):
+        assert bit_equal(a, b), ulp_stats(a, b)
+
+
 # ------------------------------------------------------------------------------------------------ wiring
 
 def test_inference_calls_skip_the_autograd_function():
