@@ -199,3 +199,21 @@ def test_with_the_fused_kernels_each_seed_decodes_as_the_fused_single_seed_engin
     engine = StaticEngine(model, tok, 6, seeds_per_step=2, fused=True)
     got = engine.generate_population(prompts[:4], POPULATION[:2], 6, SeededWeights(model, backend="reference"))
     assert got == want and any(per_row)
+
+
+def test_a_prefill_writes_a_seeds_weights_only_where_its_tokens_are_many(model_and_tokenizer, prompts, monkeypatch):
+    """FORMED_PREFILL_TOKENS: a seed's prefill of that many tokens or more runs on its weights written into
+    scratch; fewer (a continuous schedule's small admissions) stay in the seeded op. The same tokens either way
+    on the CPU (the reference backend's seeded op writes the weights too)."""
+    from workflow_src.engine import population_decoder
+    model, tok = model_and_tokenizer
+    calls, formed = [], SeededWeights.formed_linear
+    monkeypatch.setattr(SeededWeights, "formed_linear", lambda self, *a: calls.append(1) or formed(self, *a))
+    runs = {}
+    for threshold in (1, 10**9):
+        monkeypatch.setattr(population_decoder, "FORMED_PREFILL_TOKENS", threshold)
+        calls.clear()
+        engine = StaticEngine(model, tok, 6, seeds_per_step=2)
+        runs[threshold] = engine.generate_population(prompts[:4], POPULATION[:2], 4, SeededWeights(model))
+        assert bool(calls) == (threshold == 1)
+    assert runs[1] == runs[10**9]

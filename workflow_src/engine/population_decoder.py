@@ -14,13 +14,19 @@ from workflow_src.engine.seeded_weights import SeededLean, SeededWeights
 from workflow_src.kernels.seeded_linear import SeedRows, group_tables
 from workflow_src.model.lean_qwen2 import LeanQwen2
 
+# Prefill tokens (a seed's prompts, padded) from which its linears run on its weights written into scratch: writing
+# and reading a weight costs about two more reads of it than the seeded kernel's one, which the library's GEMM
+# wins back once the rows are past about 1.5 times the card's ridge (~260 rows on an H100; bench/roofline.py). A
+# continuous schedule's admissions of a few prompts stay in the seeded kernel.
+FORMED_PREFILL_TOKENS = 512
+
 
 class PopulationDecoder(SlotDecoder):
     """A SlotDecoder over the rows of several RandOpt seeds, so one step reads the base weights for all of them
     (docs/randopt.md, "Population decode"): each slot decodes with the weights of the seed whose prompt it was
     given last (`admitted`), formed from the model's base weights inside each op (engine/seeded_weights.py). The
     prompts of one seed admitted together prefill on their own, as the single-seed engine's would, on that seed's
-    weights written into scratch once per linear (SeededWeights.formed_linear); a step runs
+    weights written into scratch once per linear where they are many (SeededWeights.formed_linear); a step runs
     every slot's row together, one group per run of slots of one seed. No packed projections (the ops read each
     parameter by its own address)."""
 
@@ -72,13 +78,15 @@ class PopulationDecoder(SlotDecoder):
 
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
-        """Each seed's prompts on their own, its linears on its weights written into scratch (formed_linear)."""
+        """Each seed's prompts on their own; where they are FORMED_PREFILL_TOKENS or more (padded), its linears
+        on its weights written into scratch (formed_linear), else formed in the seeded kernel."""
         out = []
-        self.lean.formed = True
         try:
             for g in self._groups(slots):
+                mine = prompts[g.row0:g.row0 + g.rows]
+                self.lean.formed = g.rows * max(map(len, mine)) >= FORMED_PREFILL_TOKENS
                 self.lean.groups = [SeedRows(0, g.rows, g.seed, g.sigma)]
-                out.append(super().prefill(prompts[g.row0:g.row0 + g.rows], slots[g.row0:g.row0 + g.rows]))
+                out.append(super().prefill(mine, slots[g.row0:g.row0 + g.rows]))
         finally:
             self.lean.formed = False
         return torch.cat(out)
