@@ -282,8 +282,6 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
         assert prof["seeds_per_step"] == per_step and prof["prompts"] == 4
         assert prof["top"] and all(r["ms"] > 0 and r["calls"] >= 1 for r in prof["top"])
         assert any("linear" in r["op"] or "mm" in r["op"] for r in prof["top"])  # the GEMMs are in there
-    # the population's step forms each seed's weights (the reference backend on the CPU: the torch hash's ops)
-    assert doc["profile"]["static+seeds_per_step=2"]["total_ms"] > doc["profile"]["static"]["total_ms"]
 
 
 def test_decode_steps_cli_times_variants_and_compares_their_logits(tmp_path):
