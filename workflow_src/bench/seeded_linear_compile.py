@@ -46,10 +46,10 @@ def compile_launch(launch: sl.SeededLaunch, perturb: bool, k: int, arch: int = 9
     not, with a bias (perturbed when the weights are) or not, the weight's offset in whole hash words or not, its
     word indices in 32 bits (a model's weights below 2**37 elements, as every Qwen2.5 shape) or not."""
     kind = {"fp32": 0, "bf16": 1, "fp16": 2}[dtype]
-    # a split launch's program sums one part of K into fp32 partial sums; its loop's body is the unsplit one's
+    # a split launch's program sums one part of K (here its most parts') into fp32 partial sums; its loop's body
+    # is the unsplit one's
     split = launch.split_k > 1
-    part_k = -(-k // launch.block_k // launch.split_k) * launch.block_k if split else k
-    constexprs = {"K": k, "PART_K": part_k, "SPLIT": split, "KIND": kind, "HAND": False, "INTERP": False,
+    constexprs = {"K": k, "PART_K": sl.part_width(k, launch.block_k, launch.split_k), "SPLIT": split, "KIND": kind, "HAND": False, "INTERP": False,
                   "PERTURB_W": perturb, "HAS_BIAS": bias,
                   "PERTURB_B": bias and perturb, "ALIGNED": aligned_words, "SWAP": launch.swap, "TMA": launch.tma,
                   "WORDS": launch.words, "WORD32": word32 and aligned_words and not launch.words,

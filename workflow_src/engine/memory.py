@@ -3,8 +3,8 @@
 The parts are the ones that scale with the work: the model's weights, a base copy of the parameters a Perturber
 switches (it restores them from it), a population prefill's scratch for one formed parameter, the static engine's
 KV cache (`LeanQwen2.kv`: keys and values of every layer, slot and position in the model's dtype) and a decode
-step's logits. What a card also spends (its CUDA context,
-captured graphs' pools, the allocator's slack) is the reserve: a plan may use `usable` of the card.
+step's logits. What a card also spends (its CUDA context, captured graphs' pools, the allocator's slack) is the
+reserve: a plan may use `usable` of the card.
 """
 
 from __future__ import annotations

@@ -424,9 +424,14 @@ def per_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and all(n == 1 for n in weight.shape[1:-1]))
 
 
+def _weight_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """One scale for every row, or one per leading row (`per_row`)."""
+    return (weight.dim() == 1 or per_row(x, weight)) and x.shape[-1] == weight.shape[-1]
+
+
 def _check(x: torch.Tensor, weight: torch.Tensor) -> tuple[int, int, torch.dtype]:
     kx, kw = check_dtype(x, "rms_norm"), check_dtype(weight, "rms_norm weight")
-    if (weight.dim() != 1 and not per_row(x, weight)) or x.shape[-1] != weight.shape[-1] or x.device != weight.device:
+    if not _weight_fits(x, weight) or x.device != weight.device:
         raise ValueError(f"rms_norm: weight {tuple(weight.shape)} on {weight.device} does not fit input "
                          f"{tuple(x.shape)} on {x.device}")
     return kx, kw, torch.promote_types(weight.dtype, x.dtype)
@@ -522,7 +527,7 @@ def fusable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the fused kernels take this input (dtype, and a row-reduction order they model)."""
     if triton is None or x.dtype not in KIND or weight.dtype not in KIND or x.dim() == 0:
         return False
-    if weight.dim() != 1 and not per_row(x, weight):
+    if not _weight_fits(x, weight):
         return False
     try:
         row_reduce_order(x.numel() // max(x.shape[-1], 1), x.shape[-1])

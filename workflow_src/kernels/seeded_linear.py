@@ -135,6 +135,11 @@ class SeededLaunch:
 DEFAULT_LAUNCH = SeededLaunch()
 
 
+def part_width(k: int, block_k: int, parts: int) -> int:
+    """The K a part of a split launch sums (whole tiles; the last part's tail reads zeros), or K unsplit."""
+    return k if parts == 1 else triton.cdiv(triton.cdiv(k, block_k), parts) * block_k
+
+
 def split_parts(programs: int, k_tiles: int, most: int) -> int:
     """Parts a /kN launch (N = `most`) splits K into for a linear of `programs` programs and `k_tiles` tiles of
     K: doubled from 1 while the programs stay under SPLIT_PROGRAMS and each part keeps SPLIT_LEAST_TILES."""
@@ -425,7 +430,6 @@ def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, laun
     k_tiles = triton.cdiv(K, block_k)
     grid = (len(groups) * m_tiles, triton.cdiv(N, block_n))
     parts = split_parts(grid[0] * grid[1], k_tiles, launch.split_k)
-    part_k = triton.cdiv(k_tiles, parts) * block_k
     # The interpreter reads bf16 and fp16 as int16 bits (numpy has neither); compiled, the kernel reads them as they are.
     view = bits_view if interpret else (lambda t: t)
     xs, ws = view(x), view(weight.contiguous())
@@ -435,7 +439,7 @@ def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, laun
     _kernels(interpret)[0][grid + (parts,)](
         xs, ws, view(bias) if bias is not None else view(x), out,
         row0, rows, seeds, sigmas, seeds if words is None else words, 0 if words is None else words.stride(0), N, M,
-        weight_offset or 0, bias_offset or 0, m_tiles, K=K, PART_K=part_k if parts > 1 else K, SPLIT=parts > 1,
+        weight_offset or 0, bias_offset or 0, m_tiles, K=K, PART_K=part_width(K, block_k, parts), SPLIT=parts > 1,
         KIND=kind, HAND=interpret and kind == 1, INTERP=interpret,
         PERTURB_W=weight_offset is not None, HAS_BIAS=bias is not None,
         PERTURB_B=bias is not None and bias_offset is not None, ALIGNED=aligned, SWAP=launch.swap, TMA=launch.tma,
