@@ -66,7 +66,7 @@ def test_speedproof_compare_runs_a_pair_of_commits_and_reports_it(installed, tmp
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "workflow_src/_workflow/Snakefile" in proc.stderr  # the packaged workflow ran, not a checkout
     res = work / "results"
-    speed = json.loads((res / "speedup/pair/speedup.json").read_text())
+    speed = json.loads((res / "speedup/mine/speedup.json").read_text())  # the comparison: the experiment's name
     for side, ref in (("baseline", "base"), ("optimized", "main")):
         commit = git(repo, "rev-parse", ref)
         assert speed["code"][side]["commit"] == commit
@@ -74,11 +74,20 @@ def test_speedproof_compare_runs_a_pair_of_commits_and_reports_it(installed, tmp
     assert speed["bitwise"]["counts"] is True and speed["verdict"]["text"] in (res / "summary/mine.md").read_text()
     config = (work / "speedproof-mine.yaml").read_text()
     assert "baseline_ref: base" in config and "switches:\n      - control" in config
-    proc = subprocess.run([str(installed / "speedproof"), "report", "--configfile", "speedproof-mine.yaml"],
-                          cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    # the record's command reproduces it where the package, not a clone, runs the workflow
+    record = json.loads((res / "evidence/pair-mine/record.json").read_text())
+    assert record["command"] == "speedproof run pair --configfile speedproof-mine.yaml"
+    # no --configfile: the pair whose config this directory holds (no Snakefile or config/ here); warning-free
+    proc = subprocess.run([str(installed / "speedproof"), "report"], cwd=work, env=env, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the pair of speedproof-mine.yaml" in proc.stderr and "never awaited" not in proc.stderr
     page = (res / "report/mine.html").read_text()
     assert speed["verdict"]["text"] in page and "mine: your pair" in page
+    (work / "speedproof-other.yaml").write_text("experiment: other\n")
+    proc = subprocess.run([str(installed / "speedproof"), "report"], cwd=work, env=env, capture_output=True,
+                          text=True)
+    assert proc.returncode != 0 and "speedproof-mine.yaml, speedproof-other.yaml" in proc.stderr
 
 
 def test_compare_asks_for_a_negative_control(installed, tmp_path):

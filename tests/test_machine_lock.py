@@ -28,6 +28,7 @@ from workflow_src.provenance.machine_lock import (
     ENV_LOCK,
     ForeignLoad,
     MachineBusy,
+    counter_resolution,
     default_lock_path,
     foreign_share,
     holders,
@@ -151,7 +152,9 @@ def test_a_launch_records_the_foreign_load_and_hands_the_lock_to_its_subject(tmp
     load = meta["machine"]["foreign_load"]
     assert meta["machine"]["lock"] == str(lock)
     assert load["cpus"] == psutil.cpu_count() and load["wall_seconds"] > 0 and load["foreign_cpu_seconds"] >= 0
-    assert load["foreign_share"] == foreign_share(load["foreign_cpu_seconds"], load["wall_seconds"], load["cpus"])
+    assert load["resolution_seconds"] == counter_resolution(load["cpus"]) > 0
+    assert load["foreign_share"] == foreign_share(load["foreign_cpu_seconds"], load["wall_seconds"], load["cpus"],
+                                                  load["resolution_seconds"])
     assert isinstance(load["top_processes"], list)
     gpus = load["gpu_processes"]
     assert gpus == "not available (pynvml is not installed)" or isinstance(gpus["processes"], list)

@@ -132,6 +132,13 @@ def test_a_command_without_steps_and_out_is_refused(tmp_path, monkeypatch):
         check_flags(f"python3 {script}", None, "speedup.external.command")
 
 
+def test_a_command_whose_help_fails_is_refused_with_what_it_said(tmp_path):
+    """A misspelled script: the refusal shows python's own words, not a guess about the flags."""
+    with pytest.raises(CodeError, match=r"(?s)'python3 trian.py' --help exited with status 2; its last words:\n"
+                                        r".*can't open file .*trian.py.*--no-check-flags"):
+        check_flags("python3 trian.py", str(tmp_path), "speedup.external.command")
+
+
 def test_the_code_cli_refuses_and_writes_nothing(pair_repo, tmp_path):
     identity = identify(ext(pair_repo), "baseline")
     out = tmp_path / "code/baseline.json"

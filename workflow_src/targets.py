@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from workflow_src.bitwise.plan import BitwisePlan
+from workflow_src.config_schema import PACKAGE_DIR, WORKFLOW_DIR
 from workflow_src.jobs.external import code_record, is_pair, pair_claim, record_name
 from workflow_src.jobs.sections import checkpoint_dir, checkpoint_sections, section_file
 from workflow_src.provenance.code import SIDES
@@ -152,12 +153,14 @@ class Targets:
     # --- the evidence records ----------------------------------------------------------------------------------
 
     def evidence_command(self, target: str) -> str:
-        """The command that reproduces a record: this target under this run's config files."""
+        """The command that reproduces a record: this target under this run's config files (`speedproof run` where
+        the workflow is the one a `pip install .` packaged: there is no Snakefile where its user runs it)."""
         files = [Path(f) for f in self.configfiles if not str(f).endswith("config/config.yaml")]
         # paths as the checkout names them, so the command reproduces the record in any clone
         files = [f.relative_to(self.cwd) if f.is_absolute() and f.is_relative_to(self.cwd) else f for f in files]
         # one --configfile with every file: given again, the flag replaces the earlier files instead of adding
-        return "snakemake --cores all " + shlex.join([target] + (["--configfile", *map(str, files)] if files else []))
+        runner = "speedproof run" if WORKFLOW_DIR.is_relative_to(PACKAGE_DIR) else "snakemake --cores all"
+        return f"{runner} " + shlex.join([target] + (["--configfile", *map(str, files)] if files else []))
 
     def engine_bench_flags(self, wildcards: Any = None) -> str:
         s = self.config["evidence"]["engine_bench"]

@@ -76,7 +76,10 @@ def summarize(paths: list[Path], subjects: dict[str, str] | None = None) -> dict
         fd = d.get("first_divergence")
         rows.append({
             "candidate": d["label"], "subject": subjects.get(d["label"], DEFAULT_SUBJECT),
-            "reference": d["reference"]["impl"], "candidate_impl": d["candidate"]["impl"],
+            # the reference run's name (its directory), as the candidate's is its label: an external subject's
+            # record writer may give any impl
+            "reference": Path(d["reference"]["dir"]).name, "reference_impl": d["reference"]["impl"],
+            "candidate_impl": d["candidate"]["impl"],
             "switches": d["candidate"]["switches"], "steps": d["steps"], "ranks": d["ranks"],
             "pass": d["pass"], "expect": d["verdict"]["expect"], "as_expected": d["verdict"]["as_expected"],
             "compared": d["counts"]["compared"], "different": d["counts"]["different"],

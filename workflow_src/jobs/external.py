@@ -68,5 +68,6 @@ def record_name(text: str) -> str:
 
 
 def pair_claim(config: Mapping[str, Any]) -> str:
-    """The pair's evidence record name: evidence.pair_claim, else pair-{experiment} as a record name."""
-    return config["evidence"]["pair_claim"] or record_name(f"pair-{config['experiment']}")
+    """The pair's evidence record name: evidence.pair_claim, else pair-{experiment} as a record name (without the
+    `pair_` that `speedproof compare`'s default experiment names start with)."""
+    return config["evidence"]["pair_claim"] or record_name(f"pair-{config['experiment'].removeprefix('pair_')}")

@@ -40,6 +40,7 @@ FORMAT = "speedproof.code/1"
 SIDES = ("baseline", "optimized")
 KEY = "speedup.external"
 HELP_TIMEOUT_S = 120
+HELP_TAIL_LINES = 8  # of what a failing --help printed, shown in the refusal
 # What a record names of its code wherever it is cited (launch meta, speedup.json, manifest, evidence).
 SUMMARY_KEYS = ("side", "kind", "repo", "ref", "commit", "tree", "state", "sources", "files_sha256")
 
@@ -182,7 +183,7 @@ def identify(ext: Mapping[str, Any], side: str, root: Path | None = None) -> dic
         shown = "; ".join(changed[:5]) + (f"; … {len(changed) - 5} more" if len(changed) > 5 else "")
         raise CodeError(f"{KEY}.{side}_ref: null measures the checkout {repo} as it is, and it has uncommitted "
                         f"changes ({shown}); commit them and name the revision, or set {KEY}.allow_dirty: true "
-                        "(every record then says dirty)")
+                        "(`speedproof compare --allow-dirty`; every record then says dirty)")
     names = select(checkout_files(repo), patterns, skey)
     digest = files_digest({n: repo / n for n in names})
     return {"side": side, "kind": "git", "repo": str(repo), "ref": None, "commit": commit,
@@ -232,12 +233,18 @@ def check_flags(command: str, cwd: str | None, key: str) -> str:
         raise CodeError(f"{key}: {command!r} --help did not finish in {HELP_TIMEOUT_S} s") from None
     text = proc.stdout + proc.stderr
     missing = [flag for flag in ("--steps", "--out") if flag not in text]
-    if proc.returncode != 0 or missing:
-        why = (f"exited with status {proc.returncode}" if proc.returncode != 0 else
-               f"does not name {' or '.join(missing)}")
-        raise CodeError(f"{key}: {command!r} does not take --steps and --out (its --help {why}); the rules run it "
-                        "as COMMAND [--switches ...] [--deterministic] --steps N --out DIR (set "
-                        f"{KEY}.check_flags: false to skip this check)")
+    if proc.returncode != 0:
+        # what the command said is the likeliest cause (a file that is not there, an import that fails)
+        said = "\n".join(text.strip().splitlines()[-HELP_TAIL_LINES:])
+        raise CodeError(f"{key}: {command!r} --help exited with status {proc.returncode}"
+                        + (f"; its last words:\n{said}\n" if said else "; it printed nothing; ")
+                        + f"(the check runs the command with --help in {cwd or os.getcwd()}; set {KEY}.check_flags: "
+                        "false, or `speedproof compare --no-check-flags`, to skip it)")
+    if missing:
+        raise CodeError(f"{key}: {command!r} does not take --steps and --out (its --help does not name "
+                        f"{' or '.join(missing)}); the rules run it as COMMAND [--switches ...] [--deterministic] "
+                        f"--steps N --out DIR (set {KEY}.check_flags: false, or `speedproof compare "
+                        "--no-check-flags`, to skip this check)")
     return "--help names --steps and --out"
 
 

@@ -366,9 +366,17 @@ class GpuWatch:
                 "foreign_seen": any(e["counted"] for e in processes), "processes": processes}
 
 
-def foreign_share(foreign_cpu_s: float, wall_s: float, cpus: int) -> float:
-    """Other processes' share of the machine's CPU time over a launch: their CPU seconds / (wall × CPUs)."""
-    return foreign_cpu_s / (wall_s * cpus) if wall_s > 0 and cpus > 0 else 0.0
+def foreign_share(foreign_cpu_s: float, wall_s: float, cpus: int, resolution_s: float = 0.0) -> float:
+    """Other processes' share of the machine's CPU time over a launch: their CPU seconds beyond what the counters
+    can resolve / (wall × CPUs)."""
+    return max(0.0, foreign_cpu_s - resolution_s) / (wall_s * cpus) if wall_s > 0 and cpus > 0 else 0.0
+
+
+def counter_resolution(cpus: int) -> float:
+    """CPU seconds the foreign time can be off by: the kernel counts CPU time in clock ticks, per CPU for the
+    machine's and per counter for this process's own and its children's, and each difference of two readings
+    can be one tick short (two ticks of a 10 ms clock are a tenth of a 0.1 s launch on 2 CPUs)."""
+    return os.sysconf("SC_CLK_TCK") ** -1 * (cpus + 4)
 
 
 class ForeignLoad:
@@ -405,9 +413,10 @@ class ForeignLoad:
             if delta > 0:
                 used.append({"pid": pid, "command": command, "cpu_seconds": round(delta, 3)})
         used.sort(key=lambda u: -u["cpu_seconds"])
+        resolution = counter_resolution(cpus)
         return {"wall_seconds": wall, "cpus": cpus, "own_cpu_seconds": own, "foreign_cpu_seconds": foreign,
-                "steal_seconds": max(0.0, steal - self._steal0),
-                "foreign_share": foreign_share(foreign, wall, cpus), "top_processes": used[:TOP_FOREIGN],
+                "steal_seconds": max(0.0, steal - self._steal0), "resolution_seconds": resolution,
+                "foreign_share": foreign_share(foreign, wall, cpus, resolution), "top_processes": used[:TOP_FOREIGN],
                 "gpu_processes": self._gpus.stop()}
 
 

@@ -22,6 +22,7 @@ import argparse
 import csv
 import io
 import json
+import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -102,7 +103,9 @@ def render_md(rows: Sequence[Mapping[str, Any]]) -> str:
              "| claim | what | value | range | unit | runs | device | date | commit | reproduce | record sha256 |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        commit = r["commit"][:10] + (" (dirty)" if r["dirty"] in (True, "True", "true") else "")
+        # a commit's first 10 hex digits; an installed package's "speedproof <version>" as it is
+        name = r["commit"][:10] if re.fullmatch(r"[0-9a-f]{40}", r["commit"]) else r["commit"]
+        commit = name + (" (dirty)" if r["dirty"] in (True, "True", "true") else "")
         lines.append(f"| `{r['claim']}` | {r['what']} | {_fmt(float(r['value']))} | {_fmt(float(r['min']))} … "
                      f"{_fmt(float(r['max']))} | {r['unit']} | {r['repeats']} | {r['device']} | {str(r['date'])[:10]} | "
                      f"`{commit}` | `{r['command']}` | `{r['record_sha256'][:16]}` |")

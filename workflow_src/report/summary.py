@@ -127,7 +127,8 @@ def render_md(title: str, parts: list[tuple]) -> str:
     out = [f"# {title}", ""]
     for name, lines in parts:
         out += [f"## {name}", ""] + [f"- {line}" for line in lines] + [""]
-    out.append("The report (`results/report.html`) has every artifact behind these lines.")
+    out.append("The report has every artifact behind these lines: `speedproof report` writes it to "
+               "`results/report/<experiment>.html`, `make report` in a clone to `results/report.html`.")
     return "\n".join(out) + "\n"
 
 

@@ -1,0 +1,31 @@
+"""The `speedproof` command's planning, without running Snakemake (tests/test_install.py runs it installed)."""
+import pytest
+
+from workflow_src.cli import build_parser, compare_config, pair_configs
+
+
+def parsed(*extra):
+    return build_parser().parse_args(["compare", "--repo", "/src/faster-x", "--baseline", "v1", "--command",
+                                      "python train.py", "--control-switches", "reverse", *extra])
+
+
+def test_a_pair_is_named_after_its_repo_and_its_launches_after_the_pair():
+    config = compare_config(parsed())
+    assert config["experiment"] == "pair_faster_x"
+    # two pairs in one directory keep their launches apart (results/speedup/<comparison>/)
+    assert config["speedup"]["comparisons"] == {"pair_faster_x": {"subject": "external"}}
+    assert "check_flags" not in config["speedup"]["external"]
+    named = compare_config(parsed("--experiment", "mine", "--comparison", "fast", "--no-check-flags"))
+    assert named["experiment"] == "mine" and list(named["speedup"]["comparisons"]) == ["fast"]
+    assert named["speedup"]["external"]["check_flags"] is False
+    assert named["bitwise"]["runs"]["control"] == {"subject": "external", "impl": "optimized",
+                                                   "switches": ["reverse"], "expect": "fail"}
+
+
+def test_report_takes_the_one_pair_config_of_its_directory(tmp_path):
+    assert pair_configs(tmp_path) == []  # the embedded default's
+    (tmp_path / "speedproof-a.yaml").write_text("experiment: a\n")
+    assert pair_configs(tmp_path) == ["speedproof-a.yaml"]
+    (tmp_path / "speedproof-b.yaml").write_text("experiment: b\n")
+    with pytest.raises(SystemExit, match="2 pairs' configs here .speedproof-a.yaml, speedproof-b.yaml.; name one"):
+        pair_configs(tmp_path)
