@@ -332,6 +332,27 @@ def test_cli_negative_control(runs):
     assert (tmp / "out3" / "comparison.json").is_file()
 
 
+def test_a_change_that_may_differ_is_as_expected_either_way_and_no_control(runs):
+    """expect: may_differ (sums reordered: their bits follow the machine's kernels): reported, never a control."""
+    from workflow_src.bitwise.summary import summarize
+    ref, cand, tmp = runs
+    same = write_run(tmp / "same", copy.deepcopy(cand))
+    cand[1][1 + 7]["items"]["rewards"][2] = flip_hex_digit(cand[1][1 + 7]["items"]["rewards"][2], 0)
+    changed = write_run(tmp / "changed", cand)
+    docs = {}
+    for name, run in (("alike", same), ("apart", changed)):
+        proc = cli(ref, run, tmp / name, "--expect", "may_differ", "--label", name, "--strict")
+        assert proc.returncode == 0, proc.stderr
+        docs[name] = json.loads((tmp / name / "comparison.json").read_text())
+        assert docs[name]["verdict"]["as_expected"] is True
+    assert docs["alike"]["verdict"]["message"].startswith("bit-equal here: all ")
+    assert docs["apart"]["verdict"]["message"] == "differs, as it may: first divergence at step 7, item rewards, rank 1"
+    doc = summarize([tmp / n / "comparison.json" for n in docs], {"alike": "rl", "apart": "rl"})
+    assert doc["controls"] == {"rl": {"runs": [], "detected": False}} and doc["all_as_expected"]
+    assert doc["warnings"][0].startswith("alike (expect: may_differ) is bit-equal to the reference on this machine")
+    assert "no negative control (expect: fail) for subject rl" in doc["warnings"][1]
+
+
 def test_cli_refusal_writes_nothing_even_for_a_control(runs):
     ref, _, tmp = runs
     other = write_run(tmp / "other", impl="optimized", identity={**IDENTITY, "seed": 7})

@@ -45,6 +45,7 @@ def record_in(knobs: dict[str, str]) -> dict:
 def test_probe_bits_do_not_follow_the_knobs():
     records = [record_in(k) for k in OTHER_KNOBS]
     assert {r["probe_sha256"] for r in records} == {records[0]["probe_sha256"]}
+    assert all(r["probe_ops"] == records[0]["probe_ops"] for r in records)
     for r in records:
         assert r["family"] == "x86-avx2" and r["pinned"] and r["problems"] == []
         assert (r["aten_capability"], r["onednn_bf16"]) == ("AVX2", False)
@@ -52,6 +53,7 @@ def test_probe_bits_do_not_follow_the_knobs():
     machine = record_in(MACHINE_DEFAULT)
     assert machine["family"] == "machine" and not machine["pinned"] and machine["aten_capability"] == "DEFAULT"
     assert machine["probe_sha256"] != records[0]["probe_sha256"]  # the probe sees the kernels
+    assert machine["probe_ops"] != records[0]["probe_ops"] and machine["probe_ops"].keys() == records[0]["probe_ops"].keys()
 
 
 @needs_avx2

@@ -307,9 +307,10 @@ def test_slurm_run_matches_local_run(cluster, tiny_workflow, tmp_path):
     remote = tmp_path / "slurm"
     remote.mkdir()
     # The SLURM run leaves out the baseline's repeat (its verdict is the local run's to check: tests/test_workflow.py);
-    # the reference, the optimized run and the negative control are what a counted comparison needs.
+    # the reference, the optimized run and the negative control are what a counted comparison needs (the one-ulp
+    # control: caught on any machine, where the reordered sums may round alike).
     runs = {"baseline": {"impl": "baseline"}, "optimized": {"impl": "optimized"},
-            "control": {"impl": "optimized", "switches": ["control_reduction_order"], "expect": "fail"}}
+            "control_ulp": {"impl": "optimized", "switches": ["control_lr_ulp"], "expect": "fail"}}
     # The SLURM node stands for another machine: its jobs take their own machine lock, not the one the local run
     # beside it holds on this host (a timed launch refuses to start beside another job of the same machine).
     (remote / "config.yaml").write_text(yaml.safe_dump({**TINY, "bitwise": {**TINY["bitwise"], "runs": runs},
@@ -346,7 +347,7 @@ def test_slurm_run_matches_local_run(cluster, tiny_workflow, tmp_path):
     assert {k.split("/")[-2] for k in remote_records} == set(runs)
     bit = json.loads((rr / "bitwise/wftest/comparison.json").read_text())
     assert {c["candidate"]: (c["pass"], c["as_expected"]) for c in bit["comparisons"]} == \
-        {"optimized": (True, True), "control": (False, True)}
+        {"optimized": (True, True), "control_ulp": (False, True)}
 
     pops = sorted(str(p.relative_to(lr)) for p in lr.rglob("population.parquet"))
     assert pops

@@ -18,8 +18,10 @@ as inherited: the machine's own, fastest kernels, with its own bits.
 
 SPEEDPROOF_CPU_KERNELS names the family (default: `x86-avx2` on x86-64, `machine` elsewhere); a pinned family
 overrides the knobs inherited from the shell. The environment record carries the family, its knobs, the CPU's
-vector extensions, what torch reports in force and a digest of a few representative computations
-(`probe_sha256`): two machines with the same family in force and the same digest compute those alike.
+vector extensions, what torch reports in force, a digest of a few representative computations
+(`probe_sha256`): two machines with the same family in force and the same digest compute those alike; and a
+digest per op of the embedded default's pretraining step at its shapes and thread count (`probe_ops`): where two
+machines' checkpoints differ though their `probe_sha256` agree, the ops whose digests differ say where.
 """
 
 from __future__ import annotations
@@ -115,6 +117,68 @@ def probe_digest() -> str:
         torch.set_num_threads(threads)
 
 
+# The embedded default's pretraining step at its shapes (config checkpoint.synthetic and its task: a batch of 32
+# problems of about 20 tokens, hidden 128, MLP 512, 4 query and 2 key/value heads) on its 2 threads: the ops whose
+# bits make its checkpoint, one digest each, so two machines' records say which op parts them.
+PROBE_ROWS, PROBE_SEQ, PROBE_HIDDEN, PROBE_MLP, PROBE_HEADS, PROBE_KV, PROBE_VOCAB = 32, 20, 128, 512, 4, 2, 40
+PROBE_THREADS = 2
+
+
+def _step_ops(g) -> dict[str, Any]:
+    """Each op of a pretraining step, forward and backward, on inputs drawn from `g`."""
+    import torch
+    import torch.nn.functional as F
+
+    n, d, hd = PROBE_ROWS * PROBE_SEQ, PROBE_HIDDEN, PROBE_HIDDEN // PROBE_HEADS
+    out: dict[str, Any] = {}
+
+    def grads(name: str, fn, *inputs) -> None:
+        leaves = [t.clone().requires_grad_(True) for t in inputs]
+        y = fn(*leaves)
+        y.backward(torch.randn(y.shape, generator=g))
+        out[name] = [y.detach(), *(t.grad for t in leaves)]
+
+    x = torch.randn(n, d, generator=g)
+    grads("linear", F.linear, x, torch.randn(PROBE_MLP, d, generator=g) * 0.05)
+    grads("rms_norm", lambda t, w: t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * w, x,
+          torch.randn(d, generator=g))
+    grads("silu_mul", lambda a, b: F.silu(a) * b, torch.randn(n, PROBE_MLP, generator=g),
+          torch.randn(n, PROBE_MLP, generator=g))
+    q = torch.randn(PROBE_ROWS, PROBE_HEADS, PROBE_SEQ, hd, generator=g)
+    kv = [torch.randn(PROBE_ROWS, PROBE_KV, PROBE_SEQ, hd, generator=g) for _ in range(2)]
+    grads("sdpa_causal", lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True, enable_gqa=True),
+          q, *kv)
+    grads("cross_entropy", lambda t: F.cross_entropy(t, torch.arange(n) % PROBE_VOCAB)[None],
+          torch.randn(n, PROBE_VOCAB, generator=g))
+    grads("embedding", lambda w: F.embedding(torch.arange(n) % PROBE_VOCAB, w), torch.randn(PROBE_VOCAB, d, generator=g))
+    params = [torch.nn.Parameter(torch.randn(PROBE_MLP, d, generator=g)), torch.nn.Parameter(torch.randn(d, generator=g))]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g)
+    opt = torch.optim.AdamW(params, lr=2e-3, weight_decay=0.1)
+    opt.step()
+    out["adamw"] = [p.detach() for p in params] + [opt.state[p][k] for p in params for k in ("exp_avg", "exp_avg_sq")]
+    return out
+
+
+def probe_ops() -> dict[str, str]:
+    """sha256 per op of the embedded default's pretraining step at its shapes, on its thread count (PROBE_*):
+    where two machines' checkpoints differ, the first op whose digests differ says where."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(PROBE_THREADS)
+    try:
+        digests = {}
+        for name, tensors in _step_ops(torch.Generator().manual_seed(0)).items():
+            h = hashlib.sha256()
+            for t in tensors:
+                h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+            digests[name] = h.hexdigest()
+        return digests
+    finally:
+        torch.set_num_threads(threads)
+
+
 def in_force() -> dict[str, Any]:
     """What torch reports: ATen's CPU capability, and whether bf16 matrix products go to oneDNN."""
     import torch
@@ -145,7 +209,7 @@ def record(environ: dict[str, str] | os._Environ | None = None) -> dict[str, Any
     whether that is the family, and the probe digest."""
     environ = os.environ if environ is None else environ
     doc = {**identity(environ), "variables": {k: environ[k] for k in (VARIABLE, *KNOBS) if k in environ},
-           "probe_sha256": probe_digest()}
+           "probe_sha256": probe_digest(), "probe_ops": probe_ops()}
     doc["problems"] = problems(doc)
     doc["pinned"] = not doc["problems"] and doc["family"] != "machine"
     return doc

@@ -228,14 +228,17 @@ def bitwise_claims(prefix: str, bitwise: Mapping[str, Any]) -> list[dict[str, An
     out = []
     for c in sorted(bitwise["comparisons"], key=lambda c: c["candidate"]):
         where = f"{c['steps']} steps on {c['ranks']} rank(s), {c['compared']} values"
-        if c["expect"] == "pass":
+        which = {"pass": "", "fail": "; expected to differ", "may_differ": "; a realistic change that may differ"}
+        if c["expect"] == "pass" or (c["expect"] == "may_differ" and c["pass"]):
             out.append(claim(f"{prefix}.bitwise.{c['candidate']}.equal_share",
                              f"share of the {c['candidate']} run's values bit-equal to the {c['reference']} run's "
-                             f"({where})", "share", [(c["compared"] - c["different"]) / c["compared"]]))
+                             f"({where}{which[c['expect']]})", "share",
+                             [(c["compared"] - c["different"]) / c["compared"]]))
         elif isinstance((c["first_divergence"] or {}).get("step"), int):  # not when only the final items differ
+            kind = "negative control" if c["expect"] == "fail" else "run"
             out.append(claim(f"{prefix}.bitwise.{c['candidate']}.first_divergence_step",
-                             f"step where the negative control {c['candidate']} first differs from the "
-                             f"{c['reference']} run ({where}; expected to differ)", "step",
+                             f"step where the {kind} {c['candidate']} first differs from the "
+                             f"{c['reference']} run ({where}{which[c['expect']]})", "step",
                              [c["first_divergence"]["step"]]))
     return out
 

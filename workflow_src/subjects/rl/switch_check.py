@@ -8,7 +8,8 @@ Runs the baseline, then each switch alone (with the switches it needs), then all
 --steps deterministic in-process steps, and compares every step's check items and the final parameter
 and optimizer digests with the baseline's. A GEMM whose bits depend on its row count (cuBLAS picks
 kernels by shape) shows up here as the switch that batches rows failing, before a 14-step comparison
-is spent on it. The control (reversed reduction order) runs too and must differ.
+is spent on it. The controls run too: the one-ulp learning rate must differ on any machine; the reversed
+reduction order differs where the machine's kernels round the reordered sums differently.
 
 With --candidates, it instead runs the baseline, the rl section's switches (the base set), the base set
 plus each candidate, the base set plus all candidates and the control on the base set; --overlay then
