@@ -15,7 +15,9 @@ def test_a_pair_is_named_after_its_repo_and_its_launches_after_the_pair():
     # two pairs in one directory keep their launches apart (results/speedup/<comparison>/)
     assert config["speedup"]["comparisons"] == {"pair_faster_x": {"subject": "external"}}
     assert "check_flags" not in config["speedup"]["external"]
-    named = compare_config(parsed("--experiment", "mine", "--comparison", "fast", "--no-check-flags"))
+    assert "ranks" not in config["speedup"]["external"]
+    named = compare_config(parsed("--experiment", "mine", "--comparison", "fast", "--no-check-flags", "--ranks", "2"))
+    assert named["speedup"]["external"]["ranks"] == 2
     assert named["experiment"] == "mine" and list(named["speedup"]["comparisons"]) == ["fast"]
     assert named["speedup"]["external"]["check_flags"] is False
     assert named["bitwise"]["runs"]["control"] == {"subject": "external", "impl": "optimized",

@@ -121,6 +121,10 @@ def test_external_launch_runs_in_its_worktree_with_quoted_switches(tmp_path):
     assert inputs["code"] == "results/code/mine/optimized.json" and "checkpoint" not in inputs
     flags = shlex.split(s.launch_flags(w(exp="mypair", launch="opt"), Input(inputs, after="x")))
     assert flags[flags.index("--switches") + 1] == "fast" and flags[flags.index("--log-format") + 1] == "jsonl"
+    assert "--ranks" not in flags  # the ranks the log holds
+    cfg["speedup"]["external"]["ranks"] = 2  # every launch's log must hold ranks 0 and 1
+    flags = shlex.split(s.launch_flags(w(exp="mypair", launch="opt"), Input(inputs, after="x")))
+    assert flags[flags.index("--ranks") + 1] == "2"
     # the optimized run that checked the launch's code decides whether the headline counts; the control does not
     assert s.bitwise_run("mypair") == "optimized"
     paired = s.paired_inputs(w(exp="mypair"))

@@ -1,5 +1,6 @@
 """records_writer: the vendorable writer of the bitwise record files (docs/bitwise.md)."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,51 @@ def test_rank_and_world_come_from_torchrun_variables(tmp_path, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE")
     w = RecordWriter(tmp_path, impl="x", identity=IDENTITY, steps=1)
     assert (w.rank, w.world) == (0, 1)
+
+
+SPAWNED = """
+import sys
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from workflow_src.bitwise.records_writer import RecordWriter
+
+def rank_main(rank, out, store):
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    with RecordWriter(out, impl="x", identity={"seed": 0}, steps=1) as w:
+        w.step(0, loss=float(rank))
+        w.final(loss=float(rank))
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(rank_main, args=(sys.argv[1], sys.argv[2]), nprocs=2)
+"""
+
+
+def test_rank_and_world_come_from_the_process_group_under_a_launcher_that_sets_no_variables(tmp_path):
+    """torch.multiprocessing.spawn sets no RANK / WORLD_SIZE: each rank still writes its own file."""
+    script = tmp_path / "spawned.py"
+    script.write_text(SPAWNED)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "out"), str(tmp_path / "store")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metas = {p.name: json.loads(p.read_text().splitlines()[0]) for p in (tmp_path / "out").glob("rank*.jsonl")}
+    assert {n: (m["rank"], m["world"]) for n, m in metas.items()} == {"rank0.jsonl": (0, 2), "rank1.jsonl": (1, 2)}
+
+
+def test_torchrun_variables_that_disagree_with_the_process_group_are_refused(tmp_path, monkeypatch):
+    class Group:  # torch.distributed as a caller that initialized rank 1 of 2 sees it
+        is_available = is_initialized = staticmethod(lambda: True)
+        get_rank, get_world_size = staticmethod(lambda: 1), staticmethod(lambda: 2)
+
+    monkeypatch.setitem(sys.modules, "torch.distributed", Group)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RecordError, match="RANK/WORLD_SIZE say rank 0 of 2, torch.distributed says rank 1 of 2"):
+        RecordWriter(tmp_path, impl="x", identity=IDENTITY, steps=1)
+    monkeypatch.setenv("RANK", "1")
+    assert RecordWriter(tmp_path, impl="x", identity=IDENTITY, steps=1).path.name == "rank1.jsonl"
 
 
 def test_steps_out_of_order_or_missing_are_refused(tmp_path):

@@ -3,7 +3,8 @@
     speedproof run [TARGET ...] [--configfile FILE ...] [--cores N] [-n] [-- SNAKEMAKE_ARGS ...]
     speedproof compare --repo PATH --baseline REV [--optimized REV] --command 'python train.py' \\
         (--control-switches NAME ... | --control-command CMD | --no-control) [--experiment NAME] \\
-        [--warmup N --windows N --window-steps N --repeats N|auto --bitwise-steps N --allow-dirty --no-check-flags] [-n]
+        [--warmup N --windows N --window-steps N --repeats N|auto --bitwise-steps N --ranks N --allow-dirty] \\
+        [--no-check-flags] [-n]
     speedproof report [--configfile FILE ...] [--out results/report/EXP.html]
 
 `compare` writes the config of a user's own pair, `speedproof-{experiment}.yaml` (run it again with
@@ -66,6 +67,8 @@ def compare_config(args: argparse.Namespace) -> dict[str, Any]:
         external["allow_dirty"] = True
     if args.no_check_flags:
         external["check_flags"] = False
+    if args.ranks is not None:
+        external["ranks"] = args.ranks
     if args.sources:
         external["sources"] = args.sources
     experiment = args.experiment or experiment_name(args.repo)
@@ -161,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--comparison", help="the comparison's name (results/speedup/NAME/; default: the experiment's)")
     cmp.add_argument("--sources", nargs="+", help="the files of each side that are hashed (default: all)")
     cmp.add_argument("--allow-dirty", action="store_true", help="measure a checkout with uncommitted changes")
+    cmp.add_argument("--ranks", type=int, help="the ranks every launch's step log must hold (default: those it holds)")
     cmp.add_argument("--no-check-flags", action="store_true",
                      help="skip the check that the command's --help names --steps and --out")
     cmp.add_argument("--warmup", type=int)

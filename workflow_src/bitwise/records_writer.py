@@ -13,8 +13,9 @@ re-exports them), so a vendored copy records the same bits as the built-in subje
             records.step(step, loss=loss, grad_norm=grad_norm, lr=scheduler.get_last_lr()[0])
         records.final(params=model.named_parameters(), optimizer=optimizer)
 
-writes ``out_dir/rank{r}.jsonl`` (r from $RANK, world size from $WORLD_SIZE as torchrun sets them, else 0 and
-1) atomically when the block ends; if the block raises, nothing is written.
+writes ``out_dir/rank{r}.jsonl`` atomically when the block ends; if the block raises, nothing is written. The
+rank and world size are the ones given, else torch.distributed's where the caller initialized a process group
+(torch.multiprocessing.spawn sets no environment), else $RANK and $WORLD_SIZE as torchrun sets them, else 0 and 1.
 """
 
 from __future__ import annotations
@@ -146,6 +147,16 @@ def _write_atomically(path: Path, text: str) -> None:
         raise
 
 
+def _process_group() -> tuple[int, int] | None:
+    """(rank, world) of torch.distributed's default process group where the caller has initialized one, without
+    importing torch (this file needs the standard library alone): launchers such as torch.multiprocessing.spawn
+    set no RANK / WORLD_SIZE, and every rank would otherwise write rank0.jsonl."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist.get_rank(), dist.get_world_size()
+
+
 class RecordWriter:
     """The record file of one rank of one deterministic run: a meta line, steps 0..steps-1 in order, a final
     line. Lines are kept in memory and written, atomically, by close() (or the end of a ``with`` block).
@@ -155,6 +166,14 @@ class RecordWriter:
 
     def __init__(self, out_dir: str | os.PathLike, *, impl: str, identity: Mapping[str, Any], steps: int,
                  rank: int | None = None, world: int | None = None, switches: Iterable[str] = ()):
+        group = _process_group()
+        if group is not None and (rank, world) == (None, None) and "RANK" in os.environ \
+                and (_env_int("RANK", 0), _env_int("WORLD_SIZE", 1)) != group:
+            raise RecordError(f"RANK/WORLD_SIZE say rank {_env_int('RANK', 0)} of {_env_int('WORLD_SIZE', 1)}, "
+                              f"torch.distributed says rank {group[0]} of {group[1]}: pass rank= and world=")
+        if group is not None:
+            rank = group[0] if rank is None else rank
+            world = group[1] if world is None else world
         rank = _env_int("RANK", 0) if rank is None else rank
         world = _env_int("WORLD_SIZE", 1) if world is None else world
         if not isinstance(impl, str) or not impl:

@@ -222,6 +222,8 @@ class SpeedupPlan:
             flags += ["--code", input.code, "--log-file", log["file"], "--log-format", log["format"]]
             if log.get("pattern"):
                 flags += ["--log-pattern", log["pattern"]]
+            if self.s["external"]["ranks"] is not None:
+                flags += ["--ranks", str(self.s["external"]["ranks"])]
         return " ".join(shlex.quote(f) for f in flags)
 
     def bitwise_run(self, exp: str) -> str | None:

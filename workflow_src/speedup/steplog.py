@@ -114,7 +114,10 @@ def parse_jsonl(text: str, *, launch: str | None = None, path: str | Path | None
         try:
             obj = json.loads(raw)
         except json.JSONDecodeError as e:
-            raise StepLogError(f"not valid JSON ({e.msg})", launch=launch, path=path, line=n) from None
+            # lines run together or cut short: typically ranks that each opened the log for writing ('w')
+            hint = ("; several writers of one file? every rank must append its lines ('a') and end each with a "
+                    "newline" if e.msg in ("Extra data", "Unterminated string starting at", "Expecting value") else "")
+            raise StepLogError(f"not valid JSON ({e.msg}){hint}", launch=launch, path=path, line=n) from None
         rec = check_record(obj, launch=launch, path=path, line=n)
         rec["_line"] = n
         records.append(rec)
