@@ -9,8 +9,7 @@ from snakemake.utils import min_version, validate
 min_version("9.0")
 
 
-# beside this Snakefile, not in the working directory: the packaged workflow (`speedproof run`) runs elsewhere
-configfile: os.path.join(workflow.basedir, "config/config.yaml")
+configfile: "config/config.yaml"
 
 
 # The rules' helpers import the package from this checkout (jobs get it through PYTHONPATH, below); a workflow

@@ -90,6 +90,14 @@ def test_speedproof_compare_runs_a_pair_of_commits_and_reports_it(installed, tmp
     assert proc.returncode != 0 and "speedproof-mine.yaml, speedproof-other.yaml" in proc.stderr
 
 
+def test_speedproof_run_plans_the_embedded_default_outside_a_clone(installed, tmp_path):
+    env = {"PATH": f"{installed}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    proc = subprocess.run([str(installed / "speedproof"), "run", "-n", "--cores", "1"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "_workflow/config/config.yaml" in proc.stderr and "randopt_population" in proc.stdout
+
+
 def test_compare_asks_for_a_negative_control(installed, tmp_path):
     proc = subprocess.run([str(installed / "speedproof"), "compare", "--repo", str(tmp_path), "--baseline", "HEAD",
                            "--command", "python train.py"], cwd=tmp_path, capture_output=True, text=True)

@@ -45,8 +45,10 @@ def snakemake(args: list[str], configfiles: list[str], cores: str, dry_run: bool
            *args]
     if dry_run:
         cmd.append("-n")
-    if configfiles:  # last: the flag takes every word after it
-        cmd += ["--configfile", *[str(Path(f).resolve()) for f in configfiles]]
+    # The Snakefile's own config/config.yaml is the working directory's, which a clone has and this directory
+    # does not: without config files of the user's, the embedded default's, from the package.
+    configfiles = configfiles or [str(WORKFLOW_DIR / "config" / "config.yaml")]
+    cmd += ["--configfile", *[str(Path(f).resolve()) for f in configfiles]]  # last: the flag takes every word after it
     print("speedproof: " + " ".join(cmd[2:]), file=sys.stderr, flush=True)
     env = dict(os.environ)
     if report:
