@@ -49,7 +49,8 @@ def compile_launch(launch: sl.SeededLaunch, perturb: bool, k: int, arch: int = 9
     # a split launch's program sums one part of K (here its most parts') into fp32 partial sums; its loop's body
     # is the unsplit one's
     split = launch.split_k > 1
-    constexprs = {"K": k, "PART_K": sl.part_width(k, launch.block_k, launch.split_k), "SPLIT": split, "KIND": kind, "HAND": False, "INTERP": False,
+    constexprs = {"K": k, "PART_K": sl.part_width(k, launch.block_k, launch.split_k), "SPLIT": split, "KIND": kind,
+                  "HAND": False, "INTERP": False,
                   "PERTURB_W": perturb, "HAS_BIAS": bias,
                   "PERTURB_B": bias and perturb, "ALIGNED": aligned_words, "SWAP": launch.swap, "TMA": launch.tma,
                   "WORDS": launch.words, "WORD32": word32 and aligned_words and not launch.words,

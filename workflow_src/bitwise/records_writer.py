@@ -166,16 +166,15 @@ class RecordWriter:
 
     def __init__(self, out_dir: str | os.PathLike, *, impl: str, identity: Mapping[str, Any], steps: int,
                  rank: int | None = None, world: int | None = None, switches: Iterable[str] = ()):
-        group = _process_group()
-        if group is not None and (rank, world) == (None, None) and "RANK" in os.environ \
-                and (_env_int("RANK", 0), _env_int("WORLD_SIZE", 1)) != group:
-            raise RecordError(f"RANK/WORLD_SIZE say rank {_env_int('RANK', 0)} of {_env_int('WORLD_SIZE', 1)}, "
-                              f"torch.distributed says rank {group[0]} of {group[1]}: pass rank= and world=")
-        if group is not None:
-            rank = group[0] if rank is None else rank
-            world = group[1] if world is None else world
-        rank = _env_int("RANK", 0) if rank is None else rank
-        world = _env_int("WORLD_SIZE", 1) if world is None else world
+        if rank is None or world is None:  # what the caller did not give: the process group's, else torchrun's
+            environment = (_env_int("RANK", 0), _env_int("WORLD_SIZE", 1))
+            group = _process_group()
+            if group is not None and rank is None and world is None and "RANK" in os.environ and environment != group:
+                raise RecordError(f"RANK/WORLD_SIZE say rank {environment[0]} of {environment[1]}, "
+                                  f"torch.distributed says rank {group[0]} of {group[1]}: pass rank= and world=")
+            default_rank, default_world = group or environment
+            rank = default_rank if rank is None else rank
+            world = default_world if world is None else world
         if not isinstance(impl, str) or not impl:
             raise RecordError(f"impl must be a non-empty string, got {impl!r}")
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:

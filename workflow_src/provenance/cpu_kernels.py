@@ -26,6 +26,7 @@ machines' checkpoints differ though their `probe_sha256` agree, the ops whose di
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -95,26 +96,41 @@ def vector_extensions(cpuinfo: str | None = None) -> list[str]:
     return []
 
 
+@contextlib.contextmanager
+def _torch_threads(n: int):
+    """torch's intra-op threads set to `n` for the block, and back as they were."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _digest(tensors) -> str:
+    """sha256 over the tensors' bytes, in order."""
+    import torch
+
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def probe_digest() -> str:
     """sha256 over the bits of computations the workflow's verdicts rest on, each through the path torch picks
     for it (fp32 and bf16 matrix products, softmax, exp, RMS norm, sums), on one thread, from fixed inputs."""
     import torch
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with _torch_threads(1):
         g = torch.Generator().manual_seed(0)
         a, b = torch.randn(48, 160, generator=g), torch.randn(160, 72, generator=g)
         x = torch.randn(8, 160, generator=g)
-        outs = [a @ b, (a.bfloat16() @ b.bfloat16()), torch.softmax(a, -1), a.exp(), a.sum(-1), a.bfloat16().sum(-1),
-                x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6),
-                torch.nn.functional.silu(a.bfloat16()) * a.bfloat16()]
-        h = hashlib.sha256()
-        for t in outs:
-            h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()
-    finally:
-        torch.set_num_threads(threads)
+        return _digest([a @ b, (a.bfloat16() @ b.bfloat16()), torch.softmax(a, -1), a.exp(), a.sum(-1),
+                        a.bfloat16().sum(-1), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6),
+                        torch.nn.functional.silu(a.bfloat16()) * a.bfloat16()])
 
 
 # The embedded default's pretraining step at its shapes (config checkpoint.synthetic and its task: a batch of 32
@@ -150,8 +166,10 @@ def _step_ops(g) -> dict[str, Any]:
           q, *kv)
     grads("cross_entropy", lambda t: F.cross_entropy(t, torch.arange(n) % PROBE_VOCAB)[None],
           torch.randn(n, PROBE_VOCAB, generator=g))
-    grads("embedding", lambda w: F.embedding(torch.arange(n) % PROBE_VOCAB, w), torch.randn(PROBE_VOCAB, d, generator=g))
-    params = [torch.nn.Parameter(torch.randn(PROBE_MLP, d, generator=g)), torch.nn.Parameter(torch.randn(d, generator=g))]
+    grads("embedding", lambda w: F.embedding(torch.arange(n) % PROBE_VOCAB, w),
+          torch.randn(PROBE_VOCAB, d, generator=g))
+    params = [torch.nn.Parameter(torch.randn(PROBE_MLP, d, generator=g)),
+              torch.nn.Parameter(torch.randn(d, generator=g))]
     for p in params:
         p.grad = torch.randn(p.shape, generator=g)
     opt = torch.optim.AdamW(params, lr=2e-3, weight_decay=0.1)
@@ -165,18 +183,8 @@ def probe_ops() -> dict[str, str]:
     where two machines' checkpoints differ, the first op whose digests differ says where."""
     import torch
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(PROBE_THREADS)
-    try:
-        digests = {}
-        for name, tensors in _step_ops(torch.Generator().manual_seed(0)).items():
-            h = hashlib.sha256()
-            for t in tensors:
-                h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
-            digests[name] = h.hexdigest()
-        return digests
-    finally:
-        torch.set_num_threads(threads)
+    with _torch_threads(PROBE_THREADS):
+        return {name: _digest(tensors) for name, tensors in _step_ops(torch.Generator().manual_seed(0)).items()}
 
 
 def in_force() -> dict[str, Any]:

@@ -223,22 +223,25 @@ def rl_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, 
     return out + bitwise_claims(prefix, bitwise)
 
 
+# what a compared run's claim says of its expectation (bitwise.runs.<name>.expect)
+EXPECTED_TEXT = {"pass": "", "fail": "; expected to differ", "may_differ": "; a realistic change that may differ"}
+
+
 def bitwise_claims(prefix: str, bitwise: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per compared run: the share of its values bit-equal to the reference's, or a control's first divergence."""
     out = []
     for c in sorted(bitwise["comparisons"], key=lambda c: c["candidate"]):
         where = f"{c['steps']} steps on {c['ranks']} rank(s), {c['compared']} values"
-        which = {"pass": "", "fail": "; expected to differ", "may_differ": "; a realistic change that may differ"}
         if c["expect"] == "pass" or (c["expect"] == "may_differ" and c["pass"]):
             out.append(claim(f"{prefix}.bitwise.{c['candidate']}.equal_share",
                              f"share of the {c['candidate']} run's values bit-equal to the {c['reference']} run's "
-                             f"({where}{which[c['expect']]})", "share",
+                             f"({where}{EXPECTED_TEXT[c['expect']]})", "share",
                              [(c["compared"] - c["different"]) / c["compared"]]))
         elif isinstance((c["first_divergence"] or {}).get("step"), int):  # not when only the final items differ
             kind = "negative control" if c["expect"] == "fail" else "run"
             out.append(claim(f"{prefix}.bitwise.{c['candidate']}.first_divergence_step",
                              f"step where the {kind} {c['candidate']} first differs from the "
-                             f"{c['reference']} run ({where}{which[c['expect']]})", "step",
+                             f"{c['reference']} run ({where}{EXPECTED_TEXT[c['expect']]})", "step",
                              [c["first_divergence"]["step"]]))
     return out
 
