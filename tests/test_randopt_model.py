@@ -363,7 +363,7 @@ CKPT = {"seed": 0, "hidden_size": 64, "intermediate_size": 128, "num_hidden_laye
         "num_key_value_heads": 1, "max_position_embeddings": 40,
         "pretrain": {"steps_max": 60, "batch_size": 32, "learning_rate": 3e-3, "warmup_steps": 10,
                      "weight_decay": 0.0, "eval_every": 60, "eval_problems": 8, "max_new_tokens": 20,
-                     "accuracy_band": {"low": 0.0, "high": 1.0}, "threads": 1}}
+                     "accuracy_band": {"low": 0.0, "high": 1.0}, "threads": 1, "matmul": "portable"}}
 RANDOPT = {"seed": 1, "population": 6, "sigmas": [0.002, 0.02], "shards": 2, "ks": [1, 3], "k_ratios": [],
            "probes": 2, "train_prompts": 8, "test_prompts": 6, "max_new_tokens": 16, "batch_size": 4, "threads": 1,
            "perturb": {"exclude": ["model.norm.weight"]}, "bpb": {"k": 2, "batch_size": 2}}

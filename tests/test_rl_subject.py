@@ -17,7 +17,7 @@ CKPT = {"seed": 0, "hidden_size": 64, "intermediate_size": 128, "num_hidden_laye
         "num_key_value_heads": 1, "max_position_embeddings": 96,
         "pretrain": {"steps_max": 300, "batch_size": 32, "learning_rate": 3e-3, "warmup_steps": 10,
                      "weight_decay": 0.0, "eval_every": 300, "eval_problems": 8, "max_new_tokens": 20,
-                     "accuracy_band": {"low": 0.0, "high": 1.0}, "threads": 1}}
+                     "accuracy_band": {"low": 0.0, "high": 1.0}, "threads": 1, "matmul": "portable"}}
 RL = {"seed": 1, "prompts_per_step": 2, "group_size": 4, "policy_group_size": 2, "rounds": 2, "max_new_tokens": 14,
       "learning_rate": 1e-3, "warmup_steps": 1, "threads": 1, "eval_prompts": 4, "kl_coef": 0.05}
 

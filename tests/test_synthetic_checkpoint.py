@@ -26,7 +26,7 @@ SPEC = {
     "pretrain": {
         "steps_max": 40, "batch_size": 8, "learning_rate": 3e-3, "warmup_steps": 4, "weight_decay": 0.01,
         "eval_every": 10, "eval_problems": 8, "max_new_tokens": 24,
-        "accuracy_band": {"low": 0.0, "high": 1.0}, "threads": 1,
+        "accuracy_band": {"low": 0.0, "high": 1.0}, "threads": 1, "matmul": "portable",
     },
 }
 

@@ -8,8 +8,9 @@ the band leaves room both ways, for test-time methods to help and for regression
 Same spec, same weight bytes: the model is initialised under a forked, explicitly seeded
 torch RNG, data come from seeded task streams, algorithms are deterministic and the thread
 count is fixed by the spec (CPU reductions are split per thread, so the count changes the
-floating-point sums). Bytes are reproducible on one machine type and torch build; another
-CPU instruction set may round differently.
+floating-point sums). Matrix products and attention take the portable path (pretrain.matmul,
+model/portable_matmul.py) rather than the BLAS, whose bits follow the processor; with the CPU
+kernel family pinned (provenance/cpu_kernels.py), the bytes follow the spec and the torch build.
 
 pretraining_log.json is part of the checkpoint's content identity (it is hashed into the
 manifest), so it holds only values that the spec determines: no times, hosts or paths.
@@ -17,6 +18,7 @@ manifest), so it holds only values that the spec determines: no times, hosts or 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config,
 from workflow_src.checkpoints import CheckpointError
 from workflow_src.checkpoints.tokenizer import build_tokenizer
 from workflow_src.model.greedy import greedy_generate
+from workflow_src.model.portable_matmul import PortableMatmul
 from workflow_src.progress import progress_bar
 from workflow_src.provenance.atomic import atomic_write_json
 from workflow_src.tasks import synthetic_arithmetic as task
@@ -279,7 +282,8 @@ def build(spec: dict[str, Any], task_spec: dict[str, Any], out_dir: Path, progre
                 pad_token_id=tokenizer.pad_token_id,
                 do_sample=False,
             )
-            log, final = _pretrain(spec, task_spec, eval_set, model, tokenizer, progress)
+            with PortableMatmul() if spec["pretrain"]["matmul"] == "portable" else contextlib.nullcontext():
+                log, final = _pretrain(spec, task_spec, eval_set, model, tokenizer, progress)
     finally:
         torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
         torch.set_num_threads(threads)

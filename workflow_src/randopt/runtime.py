@@ -16,6 +16,7 @@ from workflow_src.engine.attention import attention_backend
 from workflow_src.engine.length_model import parse
 from workflow_src.engine.perturber import Perturber
 from workflow_src.engine.vllm_engine import PairedPerturber
+from workflow_src.model import portable_matmul
 from workflow_src.provenance.checkpoint_files import verified_checkpoint
 from workflow_src.randopt.cli import Config
 from workflow_src.randopt.settings import RandOptSettings, SettingsError
@@ -65,6 +66,12 @@ class Runtime:
         """The problems' prompts as the engines see them (task.prompt_format)."""
         return format_prompts(self.tokenizer, [p.prompt for p in problems], self.prompt_format)
 
+    def matmul(self) -> str:
+        """How this job's matrix products were computed: portable (in order, the same bits on every machine) or the
+        device's own kernels."""
+        s = self.cfg.settings
+        return "portable" if self.device == "cpu" and s.matmul == "portable" and s.engine != "vllm" else "device"
+
     def model_info(self) -> dict[str, Any]:
         import transformers  # loaded with a model only: gather imports this module (through population.py)
 
@@ -77,7 +84,8 @@ class Runtime:
                 "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
                 "parameters": sum(p.numel() for p in self.model.parameters()),
                 "engine": self.cfg.settings.engine, "attention": attention_backend(self.engine),
-                "versions": versions, "threads": torch.get_num_threads(), "prompt_format": self.prompt_format}
+                "versions": versions, "threads": torch.get_num_threads(), "prompt_format": self.prompt_format,
+                "matmul": self.matmul()}
         if self.perturber is not None:
             info["perturbed"] = self.perturber.describe()
         return info
@@ -97,6 +105,8 @@ def load_runtime(cfg: Config, engine: bool = True, perturber: bool = True, progr
     started_at = time.time()
     setup_runtime(s)
     device = resolve_device(s.device)
+    if device == "cpu" and s.matmul == "portable" and s.engine != "vllm":
+        portable_matmul.enable()
     meter = ThroughputMeter(sync=torch.cuda.synchronize if device == "cuda" else None)
     with meter.phase("load"):
         verified_checkpoint(cfg.checkpoint)  # every file against MANIFEST.json before any weight is read

@@ -15,7 +15,8 @@ from workflow_src.provenance.hashing import sha256_json
 
 # The keys that decide the population's rows (seeds, σ, rewards, tokens); see population_sha256.
 POPULATION_KEYS = ("seed", "population", "sigmas", "assignment", "noise", "seeds", "seed_sigmas", "train_prompts",
-                   "max_new_tokens", "lengths", "batch_size", "engine", "device", "dtype", "threads", "perturb")
+                   "max_new_tokens", "lengths", "batch_size", "engine", "device", "dtype", "threads", "matmul",
+                   "perturb")
 
 
 class SettingsError(ConfigError):
