@@ -41,7 +41,7 @@ test: $(STAMP)
 # (docs/design.md §3) overrides them, so the bits and the verdicts must not change.
 KERNEL_KNOBS := "ATEN_CPU_CAPABILITY=avx512 ONEDNN_MAX_CPU_ISA=ALL MKL_CBWR=AUTO MKL_DYNAMIC=TRUE" \
 	"ATEN_CPU_CAPABILITY=default" "ONEDNN_MAX_CPU_ISA=AVX2 MKL_CBWR=AVX2"
-NUMERIC_TESTS := tests/test_rl_precision.py tests/test_synthetic_checkpoint.py
+NUMERIC_TESTS := tests/test_rl_precision.py tests/test_synthetic_checkpoint.py tests/test_portable_matmul.py
 
 test-kernels: $(STAMP)
 	for knobs in $(KERNEL_KNOBS); do echo "kernel knobs: $$knobs"; \

@@ -126,3 +126,18 @@ def test_pretraining_calls_the_blas_only_when_asked(tmp_path, matmul):
         timeout=600, check=True)
     calls = [line for line in proc.stdout.splitlines() if line.startswith("MKL_VERBOSE") and "GEMM" in line]
     assert (len(calls) == 0) == (matmul == "portable"), calls[:3]
+
+
+def test_a_jobs_portable_products_end_with_the_job():
+    """What a generating CLI's load_runtime enters is left when its main returns or raises: several jobs run in one
+    test process, and the next one's BLAS-backed ops must not be refused."""
+    from workflow_src.randopt.runtime import job
+
+    @job
+    def failing_main():
+        pm.enable()
+        torch.einsum("ij,jk->ik", rand(2, 3), rand(3, 2))
+
+    with pytest.raises(pm.PortableMatmulError, match="einsum"):
+        failing_main()
+    torch.einsum("ij,jk->ik", rand(2, 3), rand(3, 2))  # refused while the job ran, computed after it

@@ -14,7 +14,7 @@ against an exact emulation once per process and refuses to go on where the build
 `PortableMatmul()` is a torch function mode: inside it, `F.linear`, `matmul`/`@`, `mm`, `bmm` and
 `F.scaled_dot_product_attention` (as explicit softmax attention over two portable products) take this path,
 forward and backward; any other BLAS-backed op (`addmm`, `baddbmm`, `einsum`, ...) is refused rather than
-silently computed by the BLAS. `enable()` pushes the mode for the rest of a job's process.
+silently computed by the BLAS. `enable()` enters the mode for the rest of a job, `disable()` leaves it.
 """
 
 from __future__ import annotations
@@ -181,7 +181,18 @@ class PortableMatmul(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+_ENABLED: list[PortableMatmul] = []
+
+
 def enable() -> None:
-    """Take the portable path for the rest of this process (a job that computes on the CPU only)."""
+    """Take the portable path from here on in this process, until disable() (a job that computes on the CPU only)."""
     check()
-    PortableMatmul().__enter__()
+    mode = PortableMatmul()
+    mode.__enter__()
+    _ENABLED.append(mode)
+
+
+def disable() -> None:
+    """Leave what enable() entered (a job's end: a test that runs several jobs in one process needs it)."""
+    while _ENABLED:
+        _ENABLED.pop().__exit__(None, None, None)

@@ -27,6 +27,7 @@ from workflow_src.tasks.registry import get_task
 BASE_TEST_FORMAT = "speedproof.randopt.base-test/1"
 
 
+@runtime.job
 def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

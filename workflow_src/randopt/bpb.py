@@ -228,6 +228,7 @@ def default_k(settings, n: int) -> int:
 
 # -- CLI ------------------------------------------------------------------------------------------
 
+@runtime.job
 def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

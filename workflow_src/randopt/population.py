@@ -134,6 +134,7 @@ def evaluate_seeds(rt, task, problems: list, rows: pd.DataFrame, max_new_tokens:
     return out
 
 
+@runtime.job
 def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

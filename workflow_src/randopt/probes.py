@@ -29,6 +29,7 @@ PROBE_COLUMNS = {"rank": "int64", "position": "int64", "seed": "int64", "sigma":
 PROBES_FORMAT = "speedproof.randopt.probes/1"
 
 
+@runtime.job
 def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

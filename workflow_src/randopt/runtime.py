@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,8 +106,6 @@ def load_runtime(cfg: Config, engine: bool = True, perturber: bool = True, progr
     started_at = time.time()
     setup_runtime(s)
     device = resolve_device(s.device)
-    if device == "cpu" and s.matmul == "portable" and s.engine != "vllm":
-        portable_matmul.enable()
     meter = ThroughputMeter(sync=torch.cuda.synchronize if device == "cuda" else None)
     with meter.phase("load"):
         verified_checkpoint(cfg.checkpoint)  # every file against MANIFEST.json before any weight is read
@@ -133,4 +132,17 @@ def load_runtime(cfg: Config, engine: bool = True, perturber: bool = True, progr
             if rt.engine is not None and s.engine == "vllm":
                 rt.perturber = PairedPerturber(rt.perturber, rt.engine.perturber(p["include"], p["exclude"],
                                                                                    s.noise["scheme"]))
+    if rt.matmul() == "portable":
+        portable_matmul.enable()
     return rt
+
+
+def job(main: Callable[..., None]) -> Callable[..., None]:
+    """A generating CLI's main: what load_runtime entered for the job (the portable products) is left at its end."""
+    @functools.wraps(main)
+    def run(*args: Any, **kwargs: Any) -> None:
+        try:
+            return main(*args, **kwargs)
+        finally:
+            portable_matmul.disable()
+    return run

@@ -30,6 +30,7 @@ TOPK_COLUMNS = {"rank": "int64", "position": "int64", "seed": "int64", "sigma": 
 TOPK_FORMAT = "speedproof.randopt.topk-test/1"
 
 
+@runtime.job
 def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
