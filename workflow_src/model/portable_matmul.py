@@ -19,6 +19,7 @@ silently computed by the BLAS. `enable()` enters the mode for the rest of a job,
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -31,9 +32,6 @@ class PortableMatmulError(RuntimeError):
     pass
 
 
-_CHECKED: list[bool] = []
-
-
 def _chain_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The fused chain emulated in float64 (an fp32 product is exact there; the sum is rounded twice, which a
     fixed seed's inputs never hit), for check()."""
@@ -43,18 +41,17 @@ def _chain_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@functools.cache
 def check() -> None:
     """Refuse to go on unless this build's embedding_bag computes the in-order fused chain (once per process)."""
-    if _CHECKED:
-        return
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(6, 67, generator=g), torch.randn(67, 21, generator=g)
     if not torch.equal(_bag_product(a, b), _chain_reference(a, b)):
         raise PortableMatmulError(
             "portable matmul: this torch build's embedding_bag does not sum in order with fused multiply-adds on this "
             f"machine (torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}); its products would not "
-            "be portable. Use the BLAS (checkpoint.synthetic.pretrain.matmul: blas) and expect machine-specific bits.")
-    _CHECKED.append(True)
+            "be portable. Use the BLAS (checkpoint.synthetic.pretrain.matmul and randopt.matmul: blas) and expect "
+            "machine-specific bits.")
 
 
 def _bag_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
