@@ -72,7 +72,10 @@ def test_a_run_is_published_with_the_contract_flags(fake_subject, tmp_path):
 
 
 @pytest.mark.parametrize("command, message", [
-    ("bash -c 'exit 3'", "the command exited with status 3"),
+    ("bash -c 'exit 3'", "the command exited with status 3; see its output above"),
+    ("bash -c 'mkdir -p \"$SPEEDPROOF_OUT\"; printf \"{{}}\\n{{}}\\n\" > \"$SPEEDPROOF_OUT/rank0.jsonl\"; "
+     "printf \"{{}}\\n\" > \"$SPEEDPROOF_OUT/rank1.jsonl\"; exit 3' x",
+     "the command exited with status 3 (record lines written: rank0 2, rank1 1); see its output above"),
     ("true", "the command exited 0 but wrote no rank0.jsonl into its --out directory (found: nothing)"),
     ("{fake} --record-steps 2", "the records hold 2 step(s), but the run was asked for --steps 3"),
 ])

@@ -47,6 +47,17 @@ def run_command(command: str, steps: int, staging: Path) -> int:
         stop_process(proc)  # when we were interrupted: the command must not outlive its job
 
 
+def progress_by_rank(staging: Path) -> str:
+    """How far each rank's records got before a failed command stopped (which rank stopped first, and where), or
+    nothing when no rank wrote any."""
+    files = sorted(staging.glob("rank*.jsonl"), key=lambda p: (len(p.name), p.name))
+    counts = []
+    for path in files:
+        with path.open("rb") as f:
+            counts.append(f"{path.stem} {sum(1 for line in f if line.strip())}")
+    return f" (record lines written: {', '.join(counts)})" if counts else ""
+
+
 def check_records(staging: Path, out: Path, steps: int, name: str) -> None:
     """Refuse records the comparison could not use, naming the final path (the staging one is removed)."""
     if not (staging / "rank0.jsonl").is_file():
@@ -68,7 +79,7 @@ def deterministic_run(command: str, steps: int, out: Path, name: str, code: Path
         rc = run_command(command, steps, staging)
         if rc != 0:
             how = f"was killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
-            raise RunError(f"run {name}: the command {how}; see its output above")
+            raise RunError(f"run {name}: the command {how}{progress_by_rank(staging)}; see its output above")
         check_records(staging, out, steps, name)
         if code is not None:  # the measured code the run ran, beside its records
             atomic_write_json(staging / CODE_FILE, code_summary(load_code(code)))
