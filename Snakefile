@@ -4,7 +4,7 @@ import os
 import sys
 
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("9.0")
 
@@ -18,17 +18,14 @@ if os.path.isfile(os.path.join(workflow.basedir, "workflow_src", "__init__.py"))
     sys.path.insert(0, workflow.basedir)
 import workflow_src
 import yaml
-from workflow_src.config_checks import ConfigError, check_config, schema_problems
+from workflow_src.config_checks import ConfigError, validated
 from workflow_src.provenance import cpu_kernels
 
-with open(os.path.join(workflow.basedir, "config/schema.yaml")) as _f:
+_schema_path = os.path.join(workflow.basedir, "config/schema.yaml")
+with open(_schema_path) as _f:
     _schema = yaml.safe_load(_f)
-_problems = schema_problems(config, _schema)
-if _problems:
-    raise WorkflowError(str(ConfigError(_problems)) + "\n(config/README.md lists every key)")
-validate(config, "config/schema.yaml", set_default=True)
 try:
-    check_config(config, _schema)  # cross-field checks, before any job
+    validated(config, _schema, _schema_path)  # schema, defaults filled in, cross-field checks: before any job
 except ConfigError as e:
     raise WorkflowError(str(e)) from None
 

@@ -18,6 +18,7 @@ the checkout as it is (with `--allow-dirty` when it has uncommitted changes; eve
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import re
 import subprocess
@@ -26,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from snakemake.utils import update_config
 
-from workflow_src.config_schema import PACKAGE_DIR, WORKFLOW_DIR
+from workflow_src.config_checks import validated
+from workflow_src.config_schema import PACKAGE_DIR, WORKFLOW_DIR, ConfigError, schema
 
 REPORT_CSS = PACKAGE_DIR / "report" / "report.css"  # the landing view from the top (workflow_src/report/report.css)
 # Snakemake 9's report step warns once per rule that its default disk resource's coroutine was never awaited
@@ -96,6 +99,19 @@ def compare_config(args: argparse.Namespace) -> dict[str, Any]:
     return {"experiment": experiment, "speedup": speedup, "bitwise": bitwise}
 
 
+def pair_problems(config: dict[str, Any], directory: Path | None = None) -> str:
+    """What the workflow would refuse in `config` over the directory's own config/config.yaml (where it has one, as
+    the Snakefile reads it): empty when nothing."""
+    base = (directory or Path.cwd()) / "config" / "config.yaml"
+    merged = yaml.safe_load(base.read_text()) or {} if base.is_file() else {}
+    update_config(merged, copy.deepcopy(config))
+    try:
+        validated(merged, schema(), str(WORKFLOW_DIR / "config" / "schema.yaml"))
+    except ConfigError as e:
+        return str(e)
+    return ""
+
+
 def cmd_run(args: argparse.Namespace, rest: list[str]) -> int:
     return snakemake(args.targets + rest, args.configfile, args.cores, args.dry_run)
 
@@ -106,6 +122,9 @@ def cmd_compare(args: argparse.Namespace, rest: list[str]) -> int:
                          "(--control-switches NAME: the optimized command given --switches NAME; or "
                          "--control-command CMD), or pass --no-control (then no comparison counts)")
     config = compare_config(args)
+    problems = pair_problems(config)
+    if problems:
+        raise SystemExit(f"speedproof compare: the pair's config is refused, and nothing was written: {problems}")
     path = Path(args.config_out or f"speedproof-{config['experiment']}.yaml")
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     print(f"speedproof compare: config written to {path} (again: speedproof run pair --configfile {path})",

@@ -20,6 +20,13 @@ from workflow_src.speedup.plan import steps_per_launch
 from workflow_src.subjects.rl.settings import IMPLEMENTATION_SETTINGS, RLSettings
 
 
+class SchemaViolations(ConfigError):
+    """Values the schema refuses, each on its own line, and where every key is listed."""
+
+    def __str__(self) -> str:
+        return super().__str__() + "\n(config/README.md lists every key)"
+
+
 def schema_problems(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     """One short line per schema violation, named by key path (Snakemake's own message dumps the whole schema)."""
     return schema_violations(config, schema)
@@ -191,3 +198,20 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
                 + randopt_problems(config) + evidence_problems(config))
     if problems:
         raise ConfigError(problems)
+
+
+def validated(config: dict[str, Any], schema: dict[str, Any], schema_path: str) -> None:
+    """What the Snakefile does to its config before any job: the schema's short lines, Snakemake's validation (which
+    fills every default into `config`), then the cross-field checks; raises ConfigError naming every problem
+    (`speedproof compare` runs it before it writes a config, so a refused pair leaves no file behind)."""
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    problems = schema_problems(config, schema)
+    if problems:
+        raise SchemaViolations(problems)
+    try:
+        validate(config, schema_path, set_default=True)
+    except WorkflowError as e:
+        raise ConfigError([str(e)]) from None
+    check_config(config, schema)
