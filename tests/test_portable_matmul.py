@@ -141,3 +141,22 @@ def test_a_jobs_portable_products_end_with_the_job():
     with pytest.raises(pm.PortableMatmulError, match="einsum"):
         failing_main()
     torch.einsum("ij,jk->ik", rand(2, 3), rand(3, 2))  # refused while the job ran, computed after it
+
+
+@pytest.mark.parametrize("isa", ["AVX2", "AVX512"])
+def test_the_chain_is_the_same_whichever_vector_unit_fbgemm_takes(isa):
+    """fbgemm (embedding_bag's kernel on x86) picks its code by the CPU; FBGEMM_ENABLE_INSTRUCTIONS caps it, as a
+    machine without AVX-512 would: the products' bits stay those of the machine's own pick (where the CPU lacks
+    the capped unit the two runs take the same code, and the test holds trivially)."""
+    code = ("import hashlib, torch, workflow_src; from workflow_src.model import portable_matmul as pm; "
+            "g = torch.Generator().manual_seed(0); "
+            "a, b = torch.randn(37, 300, generator=g), torch.randn(300, 129, generator=g); "
+            "print(hashlib.sha256(pm.product(a, b).numpy().tobytes()).hexdigest())")
+
+    def digest(extra):
+        env = {k: v for k, v in os.environ.items() if k != "FBGEMM_ENABLE_INSTRUCTIONS"}
+        return subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**env, "PYTHONPATH": str(REPO), **extra},
+                              capture_output=True, text=True, timeout=300, check=True).stdout.strip()
+
+    own = digest({})
+    assert len(own) == 64 and digest({"FBGEMM_ENABLE_INSTRUCTIONS": isa}) == own
