@@ -17,15 +17,11 @@ configfile: "config/config.yaml"
 if os.path.isfile(os.path.join(workflow.basedir, "workflow_src", "__init__.py")):
     sys.path.insert(0, workflow.basedir)
 import workflow_src
-import yaml
 from workflow_src.config_checks import ConfigError, validated
 from workflow_src.provenance import cpu_kernels
 
-_schema_path = os.path.join(workflow.basedir, "config/schema.yaml")
-with open(_schema_path) as _f:
-    _schema = yaml.safe_load(_f)
 try:
-    validated(config, _schema, _schema_path)  # schema, defaults filled in, cross-field checks: before any job
+    validated(config)  # schema, defaults filled in, cross-field checks: before any job
 except ConfigError as e:
     raise WorkflowError(str(e)) from None
 

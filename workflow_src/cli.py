@@ -30,7 +30,7 @@ import yaml
 from snakemake.utils import update_config
 
 from workflow_src.config_checks import validated
-from workflow_src.config_schema import PACKAGE_DIR, WORKFLOW_DIR, ConfigError, schema
+from workflow_src.config_schema import PACKAGE_DIR, WORKFLOW_DIR, ConfigError
 
 REPORT_CSS = PACKAGE_DIR / "report" / "report.css"  # the landing view from the top (workflow_src/report/report.css)
 # Snakemake 9's report step warns once per rule that its default disk resource's coroutine was never awaited
@@ -106,7 +106,7 @@ def pair_problems(config: dict[str, Any], directory: Path | None = None) -> str:
     merged = yaml.safe_load(base.read_text()) or {} if base.is_file() else {}
     update_config(merged, copy.deepcopy(config))
     try:
-        validated(merged, schema(), str(WORKFLOW_DIR / "config" / "schema.yaml"))
+        validated(merged)
     except ConfigError as e:
         return str(e)
     return ""

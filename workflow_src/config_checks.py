@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from workflow_src.config_schema import ConfigError
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from workflow_src.config_schema import SCHEMA_FILE, ConfigError, schema
 from workflow_src.config_schema import problems as schema_violations
 from workflow_src.jobs.external import side_command, uses_external
 from workflow_src.provenance.code import SIDES, CodeError, identify
@@ -200,18 +203,15 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
         raise ConfigError(problems)
 
 
-def validated(config: dict[str, Any], schema: dict[str, Any], schema_path: str) -> None:
+def validated(config: dict[str, Any]) -> None:
     """What the Snakefile does to its config before any job: the schema's short lines, Snakemake's validation (which
     fills every default into `config`), then the cross-field checks; raises ConfigError naming every problem
     (`speedproof compare` runs it before it writes a config, so a refused pair leaves no file behind)."""
-    from snakemake.exceptions import WorkflowError
-    from snakemake.utils import validate
-
-    problems = schema_problems(config, schema)
+    problems = schema_problems(config, schema())
     if problems:
         raise SchemaViolations(problems)
     try:
-        validate(config, schema_path, set_default=True)
+        validate(config, str(SCHEMA_FILE), set_default=True)
     except WorkflowError as e:
         raise ConfigError([str(e)]) from None
-    check_config(config, schema)
+    check_config(config, schema())
