@@ -9,5 +9,6 @@ rule config_section:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.provenance.config_section --section {wildcards.section}"
-        " --value-json {params.value:q} --out {output} 2> {log}"
+        "printf '%s' {params.value:q}"
+        " | python -m workflow_src.provenance.config_section --section {wildcards.section}"
+        " --value-json - --out {output} 2> {log}"

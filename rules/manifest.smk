@@ -11,6 +11,7 @@ rule experiment_manifest:
     conda:
         "../envs/speedproof.yaml"
     shell:
-        "python -m workflow_src.provenance.manifest --experiment {wildcards.exp}"
-        " --config-json {params.config:q} {params.flags}"
+        "printf '%s' {params.config:q}"
+        " | python -m workflow_src.provenance.manifest --experiment {wildcards.exp}"
+        " --config-json - {params.flags}"
         " --out {output} 2> {log}"

@@ -1,4 +1,5 @@
 """A checkpoint is checked against its MANIFEST.json wherever it is loaded, and hub files are copies, not links."""
+import io
 import json
 import os
 import shutil
@@ -9,6 +10,7 @@ from test_checkpoint_sources import build, fake_hub_cache, hf_spec
 
 from workflow_src.checkpoints import CheckpointError
 from workflow_src.provenance.checkpoint_files import REBUILD, verify_checkpoint
+from workflow_src.provenance.manifest import main as manifest_main
 
 
 @pytest.fixture
@@ -138,7 +140,7 @@ def test_a_rebuild_removes_what_a_killed_build_left(tmp_path):
     assert sorted(p.name for p in out.parent.iterdir()) == ["m"]
 
 
-def test_the_experiment_manifest_never_vouches_for_corrupt_bytes(checkpoint, tmp_path):
+def test_the_experiment_manifest_never_vouches_for_corrupt_bytes(checkpoint, tmp_path, monkeypatch):
     """With one byte of model.safetensors flipped, the experiment manifest refuses (naming the file) instead of
     recording the corrupt file's sha256 beside the checkpoint manifest's hash that disagrees with it."""
     from conftest import run_module
@@ -148,6 +150,11 @@ def test_the_experiment_manifest_never_vouches_for_corrupt_bytes(checkpoint, tmp
             str(checkpoint), "--outputs", str(checkpoint), str(other), "--out", str(tmp_path / "m.json"))
     run_module(*args)
     assert f"{checkpoint.as_posix()}/model.safetensors" in json.loads((tmp_path / "m.json").read_text())["outputs"]
+    # the rule's way: the config on standard input ("-"), as long as it is
+    config = {"randopt": {"seeds": list(range(20_000))}}
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(config)))
+    manifest_main([*args[1:3], "--config-json", "-", *args[5:]])
+    assert json.loads((tmp_path / "m.json").read_text())["config"] == config
     flip_byte(checkpoint / "model.safetensors")
     (tmp_path / "m.json").unlink()
     proc = run_module(*args, check=False)

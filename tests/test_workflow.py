@@ -69,6 +69,17 @@ def test_dry_run_plans_the_spine(tmp_path):
     assert jobs_planned(smk(tmp_path, "-n", "--cores", "2")) == SPINE
 
 
+def test_a_config_section_longer_than_one_command_line_argument_is_written(tmp_path):
+    """Linux passes at most 128 KiB in one argument of a command; an explicit seed list of a population of 20,000
+    is longer as JSON, and the section still reaches its file (through standard input) whole."""
+    seeds = list(range(4_000_000_000, 4_000_020_000))
+    config = {**TINY, "randopt": {**TINY["randopt"], "population": len(seeds), "seeds": seeds}}
+    assert len(json.dumps(seeds)) > 128 * 1024
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    smk(tmp_path, "--cores", "1", "results/config/randopt.json")
+    assert json.loads((tmp_path / "results/config/randopt.json").read_text())["value"]["seeds"] == seeds
+
+
 @pytest.mark.parametrize("preset", ["rl-qwen2.5-0.5b.yaml", "rl-qwen2.5-1.5b.yaml"])
 def test_gpu_preset_plans_the_rl_evidence_only(tmp_path, preset):
     """The H200 presets validate against the schema and their target runs no RandOpt (a plan; no GPU here)."""

@@ -16,6 +16,7 @@ from typing import Any
 from workflow_src.provenance.atomic import atomic_write_json
 from workflow_src.provenance.checkpoint_files import CheckpointError, is_checkpoint, verify_checkpoint
 from workflow_src.provenance.code import load as load_code
+from workflow_src.provenance.config_section import json_argument
 from workflow_src.provenance.hashing import hash_tree, sha256_file, sha256_json
 from workflow_src.provenance.sources import source_hashes
 from workflow_src.provenance.stamp import provenance
@@ -61,7 +62,7 @@ def build_manifest(experiment: str, config: dict[str, Any], outputs: list[str], 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--experiment", required=True)
-    parser.add_argument("--config-json", required=True)
+    parser.add_argument("--config-json", required=True, help="the resolved config as JSON, or - for standard input")
     parser.add_argument("--environment")
     parser.add_argument("--checkpoint")
     parser.add_argument("--sections", nargs="*", default=[])
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     try:
-        doc = build_manifest(args.experiment, json.loads(args.config_json), args.outputs, args.sections,
+        doc = build_manifest(args.experiment, json.loads(json_argument(args.config_json)), args.outputs, args.sections,
                              args.environment, args.checkpoint, args.code)
     except CheckpointError as e:
         raise SystemExit(f"experiment manifest {args.experiment}: {e}") from None
