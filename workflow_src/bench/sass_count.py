@@ -1,6 +1,6 @@
 """SASS instructions per element of the weight-switch kernel's variants, compiled for an NVIDIA GPU offline.
 
-    python -m workflow_src.bench.sass_count [--arch 90] [--block 4096] [--warps 8] [--out counts.json]
+    python -m workflow_src.bench.sass_count [--arch 90] [--block 2048] [--warps 4] [--out counts.json]
 
 No GPU is needed: Triton compiles for the given architecture (`GPUTarget("cuda", arch, 32)`) with its bundled
 ptxas, and its bundled `cuobjdump -sass` disassembles the cubin. What is counted is the launch the `Perturber`'s
