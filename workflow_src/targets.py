@@ -146,9 +146,20 @@ class Targets:
     def summary_flags(self, wildcards: Any, input: Any) -> str:
         flags = [] if self.pair else ["--randopt", input.randopt, "--records", "results/records/records.csv",
                                       "--checkpoint", self.model, "--source", self.ckpt_source]
+        evidence = self.kept_evidence()
+        if not self.pair and evidence is not None:
+            flags += ["--evidence", evidence]
         if "code" in input.keys():
             flags += ["--code", *input.code]
         return " ".join(shlex.quote(f) for f in flags)
+
+    def kept_evidence(self) -> str | None:
+        """The checkout's kept records (docs/evidence/), which the summary compares the checkpoint's bytes with; a
+        packaged install has none. Relative to the working directory where it lies below it."""
+        evidence = WORKFLOW_DIR / "docs" / "evidence"
+        if not evidence.is_dir():
+            return None
+        return str(evidence.relative_to(self.cwd) if evidence.is_relative_to(self.cwd) else evidence)
 
     # --- the evidence records ----------------------------------------------------------------------------------
 

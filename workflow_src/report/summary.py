@@ -4,7 +4,7 @@ exists); each experiment has its own.
 
     python -m workflow_src.report.summary --speedup results/speedup/*/speedup.json \\
         --bitwise results/bitwise/EXP/comparison.json [--randopt results/randopt/EXP/record.json \\
-        --records results/records/records.csv --checkpoint NAME --source SOURCE] \\
+        --records results/records/records.csv --checkpoint NAME --source SOURCE [--evidence docs/evidence]] \\
         [--code results/code/EXP/baseline.json results/code/EXP/optimized.json] --experiment EXP \\
         --md results/summary/EXP.md --rst results/report/EXP/landing.rst
 
@@ -13,8 +13,9 @@ with its window and the A-vs-B gap of that window; then the median and range ove
 gap, why auto repeats stopped and the protocol's warnings. For an external subject, the code of each side
 (commit, tree, state, sha256 of its files). For each bitwise candidate: its verdict, the values compared and, where
 it differs, the first divergence. For RandOpt: base against the headline ensemble with the paired bootstrap CI,
-McNemar's p and the within-noise flag, the best σ, bits per byte and seeds/s. The records table's row. Nothing
-here is typed: every figure is read from the files named.
+McNemar's p and the within-noise flag, the best σ, bits per byte and seeds/s. The records table's row. For a
+synthetic checkpoint, whether its bytes are a kept record's of the same build (kept_builds). Nothing here is
+typed: every figure is read from the files named.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 from workflow_src.provenance.atomic import atomic_write_text
 from workflow_src.provenance.code import describe as describe_code
+from workflow_src.report import kept_builds
 
 # The report's categories (rules' report(category=...)): the landing text links each by name.
 CATEGORIES = ("Paired speedup", "Bitwise comparison", "RandOpt", "Environment", "Checkpoint")
@@ -102,8 +104,9 @@ def records_line(rows: Sequence[Mapping[str, str]], record_id: str) -> str:
 
 def sections(speedups: Sequence[Mapping[str, Any]], bitwise: Mapping[str, Any] | None,
              randopt: Mapping[str, Any] | None, records: Sequence[Mapping[str, str]] | None,
-             code: Sequence[Mapping[str, Any]] = ()) -> list[tuple]:
-    """(report category, lines) per part of the run that was made, verdicts first."""
+             code: Sequence[Mapping[str, Any]] = (), kept: Sequence[tuple[str, Mapping[str, Any]]] = ()) -> list[tuple]:
+    """(report category, lines) per part of the run that was made, verdicts first; `kept`: the kept records
+    (kept_builds.kept_records) the checkpoint's bytes are compared with."""
     out = []
     if speedups:
         out.append(("Paired speedup",
@@ -115,6 +118,9 @@ def sections(speedups: Sequence[Mapping[str, Any]], bitwise: Mapping[str, Any] |
         if records is not None:
             lines.append(records_line(records, randopt["record_id"]))
         out.append(("RandOpt", lines))
+        same_build = kept_builds.lines(randopt, kept)
+        if same_build:
+            out.append(("Checkpoint", same_build))
     if code:
         out.append(("Measured code", code_lines(code)))
     warnings = warning_lines(speedups)
@@ -157,6 +163,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--source", help="the checkpoint's source")
     parser.add_argument("--code", nargs="*", default=[], type=Path,
                         help="results/code/EXP/{baseline,optimized}.json: the external subject's measured code")
+    parser.add_argument("--evidence", type=Path,
+                        help="docs/evidence: kept records whose synthetic checkpoint's bytes this run's are compared "
+                             "with (kept_builds)")
     parser.add_argument("--md", required=True)
     parser.add_argument("--rst", required=True)
     args = parser.parse_args(argv)
@@ -168,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
         with open(args.records, newline="") as f:
             records = list(csv.DictReader(f))
     code = [load(p) for p in args.code]
-    parts = sections([load(p) for p in args.speedup], load(args.bitwise), load(args.randopt), records, code)
+    kept = kept_builds.kept_records(args.evidence) if args.evidence and args.evidence.is_dir() else []
+    parts = sections([load(p) for p in args.speedup], load(args.bitwise), load(args.randopt), records, code, kept)
     if args.checkpoint:
         title = f"{args.experiment} on {args.checkpoint}"
         what = f"on checkpoint **{args.checkpoint}** (source: {args.source})"
