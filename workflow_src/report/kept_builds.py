@@ -24,8 +24,9 @@ def build_identity(record: Mapping[str, Any]) -> tuple | None:
     if model.get("checkpoint_source") != "synthetic" or not model.get("checkpoint_files_sha256"):
         return None
     sections = (record.get("provenance") or {}).get("config_sections") or {}
-    return (model.get("name"), *(sections.get(s) for s in BUILD_SECTIONS), hardware.get("torch"),
-            (hardware.get("cpu_kernels") or {}).get("family"))
+    identity = (model.get("name"), *(sections.get(s) for s in BUILD_SECTIONS), hardware.get("torch"),
+                (hardware.get("cpu_kernels") or {}).get("family"))
+    return None if None in identity else identity  # a record that does not say what it was built from matches none
 
 
 def kept_records(evidence: Path) -> list[tuple[str, dict[str, Any]]]:
