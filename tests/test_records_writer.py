@@ -112,9 +112,14 @@ from workflow_src.bitwise.records_writer import RecordWriter
 
 def rank_main(rank, out, store):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    # No collective follows init here, so without the barriers a rank could write, tear its group down and exit
+    # while its peer is still in init's connection step (seen once on a loaded 2-core machine: "Gloo
+    # connectFullMesh failed ... Connection closed by peer")
+    dist.barrier()
     with RecordWriter(out, impl="x", identity={"seed": 0}, steps=1) as w:
         w.step(0, loss=float(rank))
         w.final(loss=float(rank))
+    dist.barrier()
     dist.destroy_process_group()
 
 if __name__ == "__main__":
