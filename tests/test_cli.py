@@ -1,7 +1,9 @@
 """The `speedproof` command's planning, without running Snakemake (tests/test_install.py runs it installed)."""
+import subprocess
+
 import pytest
 
-from workflow_src.cli import build_parser, compare_config, pair_configs
+from workflow_src.cli import build_parser, compare_config, main, pair_configs, pair_problems
 
 
 def parsed(*extra):
@@ -36,8 +38,6 @@ def test_report_takes_the_one_pair_config_of_its_directory(tmp_path):
 def test_compare_refuses_a_bad_pair_before_writing_its_config(tmp_path, monkeypatch, capsys):
     """A pair the workflow would refuse (here: a repository that does not exist) is refused by the command itself,
     with the workflow's reasons, and leaves no speedproof-*.yaml for `report` to find."""
-    from workflow_src.cli import main
-
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit, match="the pair's config is refused, and nothing was written: config: .*speedup"):
         main(["compare", "--repo", str(tmp_path / "missing"), "--baseline", "v1", "--command", "python train.py",
@@ -46,13 +46,11 @@ def test_compare_refuses_a_bad_pair_before_writing_its_config(tmp_path, monkeypa
 
 
 def test_a_pair_the_workflow_takes_passes_the_commands_check(tmp_path):
-    import subprocess
     repo = tmp_path / "repo"
     repo.mkdir()
     for cmd in (["git", "init", "-q"], ["git", "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q",
                                         "--allow-empty", "-m", "one"], ["git", "tag", "v1"]):
         subprocess.run(cmd, cwd=repo, check=True)
-    from workflow_src.cli import pair_problems
     config = compare_config(build_parser().parse_args(
         ["compare", "--repo", str(repo), "--baseline", "v1", "--command", "python train.py", "--no-control",
          "--no-check-flags"]))

@@ -207,11 +207,12 @@ def validated(config: dict[str, Any]) -> None:
     """What the Snakefile does to its config before any job: the schema's short lines, Snakemake's validation (which
     fills every default into `config`), then the cross-field checks; raises ConfigError naming every problem
     (`speedproof compare` runs it before it writes a config, so a refused pair leaves no file behind)."""
-    problems = schema_problems(config, schema())
+    whole = schema()
+    problems = schema_problems(config, whole)
     if problems:
         raise SchemaViolations(problems)
     try:
         validate(config, str(SCHEMA_FILE), set_default=True)
     except WorkflowError as e:
         raise ConfigError([str(e)]) from None
-    check_config(config, schema())
+    check_config(config, whole)
