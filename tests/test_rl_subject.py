@@ -8,6 +8,7 @@ import pytest
 from conftest import REPO, write_section
 
 from workflow_src.subjects.rl.settings import GPU_ONLY, SWITCHES, RLSettings, SettingsError, parse_switches
+from workflow_src.subjects.rl.trainer import rank_gpu
 
 CPU_SWITCHES = sorted(set(SWITCHES) - GPU_ONLY)
 
@@ -355,3 +356,13 @@ def test_a_killed_launch_keeps_the_steps_it_finished_and_is_named(checkpoint, tm
     assert (f"launch A: subject exited with status 137 during step {len(steps)} "
             f"(steps 0–{len(steps) - 1} were logged)") in proc.stderr
     assert not (tmp_path / "A").exists()
+
+
+def test_each_rank_takes_the_gpu_of_its_local_rank_and_a_host_with_too_few_is_refused():
+    assert rank_gpu({}, 1) == 0
+    assert rank_gpu({"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4"}, 8) == 3
+    with pytest.raises(RuntimeError, match=r"runs 4 rank\(s\).*shows 2 GPU\(s\) \(CUDA_VISIBLE_DEVICES=0,1\); "
+                                           r"local rank 2 has none\. Set rl.nproc to at most 2"):
+        rank_gpu({"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4", "CUDA_VISIBLE_DEVICES": "0,1"}, 2)
+    with pytest.raises(RuntimeError, match="shows 0 GPU"):
+        rank_gpu({}, 0)

@@ -99,6 +99,19 @@ class PhaseTimer:
             self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t
 
 
+def rank_gpu(env: dict[str, str], visible: int) -> int:
+    """The GPU of this rank: its local rank's (torchrun's LOCAL_RANK; 0 for one process). Each rank of a host takes
+    a GPU of its own (NCCL refuses two ranks on one card), so a host showing fewer GPUs than its ranks is refused
+    before any work, with the numbers."""
+    local = int(env.get("LOCAL_RANK", 0))
+    ranks = int(env.get("LOCAL_WORLD_SIZE", local + 1))
+    if local >= visible:
+        shown = f" (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']})" if "CUDA_VISIBLE_DEVICES" in env else ""
+        raise RuntimeError(f"rl.device cuda: this host runs {ranks} rank(s), each on a GPU of its own, and shows "
+                           f"{visible} GPU(s){shown}; local rank {local} has none. Set rl.nproc to at most {visible}.")
+    return local
+
+
 class Trainer:
     def __init__(self, checkpoint: Path, settings: RLSettings, task_spec: dict, switches: frozenset[str],
                  deterministic: bool = True, rewards=None):
@@ -114,7 +127,7 @@ class Trainer:
                 raise RuntimeError("rl.device is cuda but torch sees no GPU")
             # cuBLAS is deterministic only with a fixed workspace; read when its first handle is made.
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(rank_gpu(os.environ, torch.cuda.device_count()))
             # An unpadded batch (every prompt one length) has no mask, and there production-mode SDPA picks cuDNN
             # attention, which builds an execution plan for each new key length: the first such generation took
             # ~4x a later one with the same shapes, a one-time cost that landed inside a timing window. Both
