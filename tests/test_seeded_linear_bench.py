@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import REPO
 
 from workflow_src.bench import seeded_linear as bench
@@ -83,6 +84,7 @@ def test_the_target_times_every_seed_count_and_launch_and_claims_them(bench_run)
     res = two["launches"]["16/64/64/1/1"]
     assert len(res["seeded"]["ms_runs"]) == 2 and res["seeded"]["range"] == sorted(res["seeded"]["ms_runs"])
     assert res["speedup_over_one_seed"] == [2 * f / s for f, s in zip(one["formed"]["ms_runs"], res["seeded"]["ms_runs"])]
+    assert "in_graph" not in res["seeded"] and "speedup_over_one_seed_in_graph" not in res  # CUDA graphs: GPU only
     ids = {c["id"]: c for c in rec["claims"]}
     assert ids["seeded-linear-cpu.S2.16-64-64-1-1.speedup_over_one_seed"]["values"] == res["speedup_over_one_seed"]
     forming = ids["seeded-linear-cpu.S2.16-64-64-1-1.forming_share"]["values"]
@@ -100,3 +102,34 @@ def test_the_bench_and_its_record_refuse_bad_input(tmp_path, capsys):
         assert match in capsys.readouterr().err
     with pytest.raises(ValueError, match="one seeded-linear bench"):
         evidence.seeded_linear_claims("x", [{"format": "speedproof.engine-bench/1"}])
+
+
+def test_the_layers_replayed_as_graphs_are_claimed_beside_the_calls():
+    def timed(runs, graph_runs):
+        return {**bench.spread(runs), "in_graph": bench.spread(graph_runs)}
+    launch = {"unperturbed": timed([0.5, 0.6], [0.2, 0.3]), "seeded": timed([0.7, 0.8], [0.4, 0.5]),
+              "speedup_over_one_seed": [1.0, 1.0], "speedup_over_one_seed_in_graph": [1.5, 1.25]}
+    doc = {"format": evidence.SEEDED_LINEAR_FORMAT, "args": {"shape": "7B", "tiny": False, "rows": 128},
+           "dtype": "bfloat16", "scheme": "speedproof-v2", "sigma": 1e-3,
+           "seeds_per_step": {"2": {"formed": {**timed([0.9, 1.0], [0.6, 0.7]), "floor": {"ms": 0.1, "bound": "bytes"}},
+                                    "floor_seeded": {"ms": 0.1, "bound": "bytes"}, "launches": {"64/64/64/4/3": launch}}}}
+    got = {c["id"]: c["values"] for c in evidence.seeded_linear_claims("b", [doc])}
+    assert got["b.S2.formed_in_graph_ms"] == [0.6, 0.7]
+    assert got["b.S2.64-64-64-4-3.unperturbed_in_graph_ms"] == [0.2, 0.3]
+    assert got["b.S2.64-64-64-4-3.seeded_in_graph_ms"] == [0.4, 0.5]
+    assert got["b.S2.64-64-64-4-3.speedup_over_one_seed_in_graph"] == [1.5, 1.25]
+    assert got["b.S2.64-64-64-4-3.seeded_ms"] == [0.7, 0.8]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_gpu_each_layer_is_also_timed_as_a_graph_replay():
+    linears = bench.layer_linears("0.5B", True, "cuda", torch.bfloat16)
+    measured = bench.ceilings("cuda", torch.bfloat16)
+    out = bench.measure(linears, [1, 2], 16, [SeededLaunch(16, 64, 64, 4, 3)], 2, 3, "cuda", measured)
+    for per_step, row in out.items():
+        res = row["launches"]["16/64/64/4/3"]
+        assert len(row["formed"]["in_graph"]["ms_runs"]) == 2 and res["seeded"]["in_graph"]["ms"] > 0
+        assert res["speedup_over_one_seed_in_graph"] == [
+            int(per_step) * f / s for f, s in zip(out["1"]["formed"]["in_graph"]["ms_runs"],
+                                                  res["seeded"]["in_graph"]["ms_runs"])]

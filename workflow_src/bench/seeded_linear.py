@@ -13,11 +13,15 @@ One decoder layer's seven linears (q, k, v with their biases, o, gate, up, down)
   nothing perturbed (its GEMM alone, the same row groups), and `seeded_ms`, the kernel forming each seed's
   weights from the base in registers (what it forms costs the difference; a `/words` launch reads each seed's
   hash words from tables made before the timed calls, 4 bytes per 32 weights and seed, instead of hashing).
+On a GPU each of these is also timed as the replay of one CUDA graph of the layer (`in_graph`): the device time a
+captured decode step pays, without the host's cost of launching seven kernels, which the calls between events
+include (a Triton launch costs the host more than a cuBLAS one, so at one seed the calls can be paced by the
+host rather than the GPU).
 Each measurement is set against its floor at the measured copy bandwidth and matrix rate (bench/roofline.py): the
 layer's bytes (weights once for the seeded kernel, once per seed for `formed`; rows in and out) or its arithmetic
 (2 FLOP per weight and row), whichever is slower. The figure that decides a population decode's linears:
 `speedup_over_one_seed` = S × `formed_ms` at S = 1 over `seeded_ms`, repeat by repeat (above 1: S seeds together
-take less than S steps of one seed).
+take less than S steps of one seed), and on a GPU `speedup_over_one_seed_in_graph`, the same of the graphs' times.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from workflow_src.bench.roofline import ceilings
-from workflow_src.bench.timing import times_ms
+from workflow_src.bench.timing import graph_timed_ms, times_ms
 from workflow_src.kernels.seeded_linear import (
     DEFAULT_LAUNCH,
     SeededLaunch,
@@ -118,8 +122,10 @@ def measure(linears: list[dict], seeds_per_step: list[int], rows: int, launches:
             return run
 
         def timed(fn) -> dict:
-            values = [statistics.median(times_ms(fn, device, reps)) for _ in range(repeats)]
-            return {"ms_runs": values, "ms": statistics.median(values), "range": [min(values), max(values)]}
+            doc = spread([statistics.median(times_ms(fn, device, reps)) for _ in range(repeats)])
+            if device.startswith("cuda"):  # what the layer costs inside a captured decode step: no launch costs
+                doc["in_graph"] = spread([graph_timed_ms(fn, reps) for _ in range(repeats)])
+            return doc
 
         row = {"rows": per_step * rows, "formed": {**timed(formed_layer),
                                                    "floor": layer_floor_ms(linears, per_step * rows, per_step, measured)},
@@ -134,7 +140,16 @@ def measure(linears: list[dict], seeds_per_step: list[int], rows: int, launches:
             for res in row["launches"].values():
                 res["speedup_over_one_seed"] = [int(per_step) * f / s for f, s in
                                                 zip(one["formed"]["ms_runs"], res["seeded"]["ms_runs"])]
+                if "in_graph" in res["seeded"]:
+                    res["speedup_over_one_seed_in_graph"] = [
+                        int(per_step) * f / s for f, s in
+                        zip(one["formed"]["in_graph"]["ms_runs"], res["seeded"]["in_graph"]["ms_runs"])]
     return out
+
+
+def spread(values: list[float]) -> dict:
+    """Repeats' times: each, their median and their range."""
+    return {"ms_runs": values, "ms": statistics.median(values), "range": [min(values), max(values)]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -174,6 +189,10 @@ def main(argv: list[str] | None = None) -> None:
                   f"{res['unperturbed']['ms']:.3f} ms, seeded {res['seeded']['ms']:.3f} ms (floor "
                   f"{row['floor_seeded']['ms']:.3f}), {statistics.median(res.get('speedup_over_one_seed') or [0]):.2f}x "
                   "one seed at a time", flush=True)
+            if "in_graph" in res["seeded"]:
+                print(f"{'in a graph':>22}: formed {row['formed']['in_graph']['ms']:.3f} ms, unperturbed "
+                      f"{res['unperturbed']['in_graph']['ms']:.3f} ms, seeded {res['seeded']['in_graph']['ms']:.3f} ms, "
+                      f"{statistics.median(res['speedup_over_one_seed_in_graph']):.2f}x one seed at a time", flush=True)
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
 

@@ -404,6 +404,26 @@ def seeded_linear_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list
                                  f"{per_step} × one seed's F.linear layer over the {per_step} seeds' seeded-kernel "
                                  "layer, repeat by repeat (above 1: a population decode's linears beat one seed "
                                  "at a time)", "×", res["speedup_over_one_seed"]))
+            if "in_graph" in res["seeded"]:
+                out += _in_graph_claims(f"{prefix}.S{per_step}.{key}", per_step, launch, res)
+        if "in_graph" in row["formed"]:
+            out.append(claim(f"{prefix}.S{per_step}.formed_in_graph_ms", f"{per_step} seed(s)' rows through "
+                             "F.linear on weights formed beforehand, as one CUDA graph's replay: the device time "
+                             "inside a captured decode step", "ms",
+                             row["formed"]["in_graph"]["ms_runs"]))
+    return out
+
+
+def _in_graph_claims(key: str, per_step: str, launch: str, res: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A launch's layers as CUDA graphs' replays (the device time a captured decode step pays, no launch costs)."""
+    out = [claim(f"{key}.unperturbed_in_graph_ms", f"the seeded-kernel layer with nothing perturbed (launch {launch}: "
+                 "its GEMMs alone) as one CUDA graph's replay", "ms", res["unperturbed"]["in_graph"]["ms_runs"]),
+           claim(f"{key}.seeded_in_graph_ms", f"the seeded-kernel layer (launch {launch}) as one CUDA graph's replay",
+                 "ms", res["seeded"]["in_graph"]["ms_runs"])]
+    if "speedup_over_one_seed_in_graph" in res:
+        out.append(claim(f"{key}.speedup_over_one_seed_in_graph", f"{per_step} × one seed's F.linear layer over the "
+                         f"{per_step} seeds' seeded-kernel layer, both as CUDA graphs' replays, repeat by repeat",
+                         "×", res["speedup_over_one_seed_in_graph"]))
     return out
 
 
