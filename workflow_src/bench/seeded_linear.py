@@ -131,8 +131,10 @@ def measure(linears: list[dict], seeds_per_step: list[int], rows: int, launches:
                                                    "floor": layer_floor_ms(linears, per_step * rows, per_step, measured)},
                "floor_seeded": layer_floor_ms(linears, per_step * rows, 1, measured), "launches": {}}
         for launch in launches:
-            row["launches"][str(launch)] = {"unperturbed": timed(seeded_layer(launch, False)),
-                                            "seeded": timed(seeded_layer(launch, True))}
+            res = row["launches"][str(launch)] = {"unperturbed": timed(seeded_layer(launch, False)),
+                                                  "seeded": timed(seeded_layer(launch, True))}
+            # as each is measured: a run stopped by its time limit still shows (in its log) how far it got
+            print(f"measured S={per_step} {launch}: {_times(row['formed'], res)}", flush=True)
         out[str(per_step)] = row
     one = out.get("1")
     if one is not None:  # S seeds together over S steps of one seed, repeat by repeat
@@ -145,6 +147,14 @@ def measure(linears: list[dict], seeds_per_step: list[int], rows: int, launches:
                         int(per_step) * f / s for f, s in
                         zip(one["formed"]["in_graph"]["ms_runs"], res["seeded"]["in_graph"]["ms_runs"])]
     return out
+
+
+def _times(formed: dict, res: dict, graph: bool = False) -> str:
+    """formed, unperturbed and seeded ms of one S and launch (of the calls, or of the graphs' replays)."""
+    pick = (lambda d: d["in_graph"]) if graph else (lambda d: d)
+    return (f"formed {pick(formed)['ms']:.3f} ms, unperturbed {pick(res['unperturbed'])['ms']:.3f} ms, seeded "
+            f"{pick(res['seeded'])['ms']:.3f} ms" + ("" if graph or "in_graph" not in res["seeded"] else
+                                                  f" (in a graph: {_times(formed, res, True)})"))
 
 
 def spread(values: list[float]) -> dict:
@@ -185,14 +195,10 @@ def main(argv: list[str] | None = None) -> None:
                                      args.reps, args.device, measured)}
     for per_step, row in doc["seeds_per_step"].items():
         for launch, res in row["launches"].items():
-            print(f"S={per_step:>2} {launch:>16}: formed {row['formed']['ms']:.3f} ms, unperturbed "
-                  f"{res['unperturbed']['ms']:.3f} ms, seeded {res['seeded']['ms']:.3f} ms (floor "
-                  f"{row['floor_seeded']['ms']:.3f}), {statistics.median(res.get('speedup_over_one_seed') or [0]):.2f}x "
-                  "one seed at a time", flush=True)
-            if "in_graph" in res["seeded"]:
-                print(f"{'in a graph':>22}: formed {row['formed']['in_graph']['ms']:.3f} ms, unperturbed "
-                      f"{res['unperturbed']['in_graph']['ms']:.3f} ms, seeded {res['seeded']['in_graph']['ms']:.3f} ms, "
-                      f"{statistics.median(res['speedup_over_one_seed_in_graph']):.2f}x one seed at a time", flush=True)
+            graph = res.get("speedup_over_one_seed_in_graph")
+            print(f"S={per_step:>2} {launch:>16}: {statistics.median(res.get('speedup_over_one_seed') or [0]):.2f}x one "
+                  f"seed at a time" + (f", {statistics.median(graph):.2f}x in a graph" if graph else "")
+                  + f" (floor {row['floor_seeded']['ms']:.3f} ms)", flush=True)
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
 
