@@ -2,16 +2,14 @@
 # One piece of a workflow target on a GPU host lent in calls of a few minutes (docs/rl-subject.md, "Evidence over
 # several device windows"), run from the checkout's root:
 #   [RESTORE=FILE] bash scripts/gpu_piece.sh SECONDS OUTDIR -- SNAKEMAKE_ARGS...
-# Takes the commit of .whl/head.bundle (scripts/device_head.sh) when carried: the host's .git may be an older
-# call's, and its records would then name that commit and say dirty;
-# unpacks RESTORE (the last piece's results.tar.gz, carried under a git-ignored path such as .whl/) when given;
-# says so when the checkout is not clean (every record then says dirty, and `make keep` refuses it: the device's
-# copy of a checkout does not take its .git/info/exclude, so carry files under a .gitignore'd path);
-# installs the carried wheels (.whl/, scripts/device_wheels.sh) when the host lacks Snakemake; rebuilds every
-# checkpoint whose MANIFEST.json came carried under results/checkpoints (weights are too large to carry) and
-# checks that its manifest equals the carried one, dated back so Snakemake does not take the rebuild for changed
-# input; runs Snakemake for at most SECONDS; then packs results/ and .snakemake/ (checkpoint weights left out) into
-# OUTDIR/results.tar.gz for the next piece.
+# Unpacks RESTORE (the last piece's results.tar.gz, carried under a git-ignored path such as .whl/) when given;
+# sources scripts/device_env.sh (the commit of .whl/head.bundle; says so when the checkout is not clean, when every
+# record says dirty and `make keep` refuses it: the device's copy of a checkout does not take its
+# .git/info/exclude, so carry files under a .gitignore'd path; the carried wheels where Snakemake is missing);
+# rebuilds every checkpoint whose MANIFEST.json came carried under results/checkpoints (weights are too large to
+# carry) and checks that its manifest equals the carried one, dated back so Snakemake does not take the rebuild for
+# changed input; runs Snakemake for at most SECONDS; then packs results/ and .snakemake/ (checkpoint weights left
+# out) into OUTDIR/results.tar.gz for the next piece.
 set -euo pipefail
 [ $# -ge 3 ] && [ "$3" = "--" ] || { echo "usage: $0 SECONDS OUTDIR -- SNAKEMAKE_ARGS..." >&2; exit 2; }
 budget=$1 out=$2
@@ -28,20 +26,8 @@ if [ -n "${RESTORE:-}" ]; then
   tar xzf "$RESTORE" || { echo "gpu_piece: cannot unpack RESTORE=$RESTORE" >&2; exit 2; }
   echo "gpu_piece: unpacked $RESTORE"
 fi
-if [ -f .whl/head.bundle ]; then  # the commit the files came from (scripts/device_head.sh), where .git is older
-  git fetch -q .whl/head.bundle HEAD && git reset -q FETCH_HEAD \
-    || { echo "gpu_piece: cannot take the commit of .whl/head.bundle" >&2; exit 2; }
-  echo "gpu_piece: took the commit of .whl/head.bundle"
-fi
-echo "gpu_piece: at commit $(git log -1 --format=%H 2>/dev/null || echo unknown)"  # what its records will name
-changed=$(git status --porcelain 2>/dev/null | head -5 | tr '\n' ' ')
-[ -z "$changed" ] || echo "gpu_piece: the checkout is not clean here ($changed); records made now say dirty" >&2
-if ! python3 -c "import snakemake" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
-fi
-command -v python >/dev/null || { mkdir -p /tmp/pybin && ln -sf "$(command -v python3)" /tmp/pybin/python \
-  && export PATH=/tmp/pybin:$PATH; }
+who=gpu_piece
+source "$(dirname "$0")/device_env.sh"
 start=$(date +%s)
 for manifest in results/checkpoints/*/MANIFEST.json; do
   [ -f "$manifest" ] || continue

@@ -1,6 +1,7 @@
 """scripts/gpu_piece.sh, the device-window piece, on the CPU in a clone of the checkout: it unpacks the last
 piece's results (RESTORE), runs Snakemake, packs results/ for the next piece, and says when the checkout there is
-not clean (a file carried outside a git-ignored path)."""
+not clean (a file carried outside a git-ignored path). scripts/gpu_tests.sh, the GPU tests with the same setup
+(scripts/device_env.sh), runs the tests marked gpu that it is given."""
 import os
 import shutil
 import subprocess
@@ -82,3 +83,17 @@ def test_a_piece_takes_the_carried_commit_where_the_hosts_git_is_older(tmp_path)
     # a checkout that is not clean makes no bundle
     refused = subprocess.run(["bash", "scripts/device_head.sh"], cwd=clone, capture_output=True, text=True)
     assert refused.returncode == 2 and "not clean" in refused.stderr
+
+
+def test_the_gpu_tests_script_runs_the_tests_marked_gpu_at_the_carried_commit(tmp_path):
+    clone = tmp_path / "clone"
+    copy_of_the_checkout(clone)
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    run = subprocess.run(["bash", "scripts/gpu_tests.sh", "300", "tests/test_seeded_linear_bench.py"], cwd=clone,
+                         env=env, capture_output=True, text=True, timeout=600)
+    head = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert f"gpu_tests: at commit {head.strip()}" in run.stdout
+    assert "1 skipped" in run.stdout and "deselected" in run.stdout  # only the test marked gpu, skipped on a CPU
+    bad = subprocess.run(["bash", "scripts/gpu_tests.sh", "soon"], cwd=clone, capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage" in bad.stderr
