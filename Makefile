@@ -77,8 +77,9 @@ lint: $(STAMP)
 claims: $(STAMP)
 	$(PY) -m workflow_src.report.claims build docs/evidence/*/record.json --md docs/CLAIMS.md --csv docs/claims.csv
 
-# Keep one record (RECORD=results/evidence/{claim}/record.json) in docs/evidence/ and regenerate the ledger; a
-# record from a dirty tree, without its device or with a command outside the checkout is refused.
+# Keep one record (RECORD=results/evidence/{claim}/record.json) in docs/evidence/ (another device's record of the
+# claim beside it, in {claim}--{device}/) and regenerate the ledger; a record from a dirty tree, without its device
+# or with a command outside the checkout is refused.
 keep: $(STAMP)
 	@test -n "$(RECORD)" || { echo "make keep RECORD=results/evidence/{claim}/record.json" >&2; exit 2; }
 	$(PY) -m workflow_src.report.claims keep $(RECORD) --into docs/evidence

@@ -2,6 +2,7 @@
 (report/evidence.py), the ledger is built and appended from records only (report/claims.py), a record
 without provenance is refused, and the engine_bench target does it all in a real workflow run."""
 import json
+import re
 import subprocess
 import sys
 
@@ -83,6 +84,19 @@ def test_only_a_record_a_reader_can_reproduce_is_kept(tmp_path, bench_json):
         with pytest.raises(claims.LedgerError, match=message):
             claims.build([good, path])
     assert sorted(p.name for p in kept.iterdir()) == ["good"]
+    # the same claim from another card goes beside it, the same card's again replaces its own; both stand in the ledger
+    other = tmp_path / "other" / "record.json"
+    other.parent.mkdir()
+    other.write_text(json.dumps({**doc, "device": "1×NVIDIA H200"}))
+    claims.main(["keep", str(other), "--into", str(kept)])
+    claims.main(["keep", str(other), "--into", str(kept)])
+    claims.main(["keep", str(good), "--into", str(kept)])
+    assert sorted(p.name for p in kept.iterdir()) == ["good", "good--1x-nvidia-h200"]
+    assert (kept / "good" / "record.json").read_bytes() == good.read_bytes()
+    rows = claims.build(sorted(kept.glob("*/record.json")))
+    assert len(rows) == 2 * len(doc["claims"]) and {r["device"] for r in rows} == {doc["device"], "1×NVIDIA H200"}
+    with pytest.raises(claims.LedgerError, match=f"on {re.escape(doc['device'])} is in"):
+        claims.build([good, good])
 
 
 def test_a_population_decode_is_claimed_with_its_agreement_and_refused_where_its_weights_differ(bench_json):

@@ -11,7 +11,8 @@ the record it comes from. A record without a provenance block (git commit, sourc
 
 `append` replaces the rows of the record's claims (by claim id) and keeps the others, under a file lock, as the
 workflow's records table does; `build` writes the ledger of the given records alone. `keep` copies a record
-into the kept ledger's folder (docs/evidence/{claim}/record.json). What is kept, and so what `build` takes,
+into the kept ledger's folder (docs/evidence/{claim}/record.json; a record of the claim from another device goes
+beside it, to docs/evidence/{claim}--{device}/record.json). What is kept, and so what `build` takes,
 is a record a reader can reproduce: made from a clean commit (a dirty tree's sources are nowhere but on the
 machine that ran it), naming its device, with a command relative to the checkout.
 """
@@ -72,11 +73,26 @@ def keepable(path: str | Path, doc: Mapping[str, Any]) -> None:
                           f"({', '.join(absolute) or 'no command'}): run the target with paths relative to the checkout")
 
 
+def device_slug(device: str) -> str:
+    """A record's device as a folder name: "1×NVIDIA H200" -> "1x-nvidia-h200"."""
+    return re.sub(r"[^a-z0-9]+", "-", device.lower().replace("×", "x ")).strip("-")
+
+
+def keep_destination(into: Path, claim: str, device: str) -> Path:
+    """Where a record of `claim` made on `device` is kept: {claim}/record.json, unless that holds the record of
+    another device, which it keeps; then {claim}--{device}/record.json. So each card's (or CPU's) record of a claim
+    is a folder of its own, and its rows stand beside the others' in the ledger, each naming its device."""
+    first = into / claim / "record.json"
+    if not first.exists() or read_record(first).get("device") == device:
+        return first
+    return into / f"{claim}--{device_slug(device)}" / "record.json"
+
+
 def keep(record: str | Path, into: str | Path) -> Path:
-    """Copy a keepable record to {into}/{claim}/record.json; returns where it went."""
+    """Copy a keepable record to its place in `into` (keep_destination); returns where it went."""
     doc = read_record(record)
     keepable(record, doc)
-    dest = Path(into) / doc["claim"] / "record.json"
+    dest = keep_destination(Path(into), doc["claim"], doc["device"])
     dest.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(dest, Path(record).read_text())
     return dest
@@ -126,12 +142,13 @@ def build(records: Sequence[str | Path]) -> list[dict[str, Any]]:
     for path, doc in docs:
         keepable(path, doc)
     rows = [row for path, doc in docs for row in rows_of(path, doc)]
-    seen: dict[str, str] = {}
+    seen: dict[tuple[str, str], str] = {}  # one row of a claim per device: each card's (or CPU's) stands apart
     for r in rows:
-        if r["claim"] in seen:
-            raise LedgerError(f"claim {r['claim']} is in {seen[r['claim']]} and {r['record']}")
-        seen[r["claim"]] = r["record"]
-    return sorted(rows, key=lambda r: r["claim"])
+        key = (r["claim"], r["device"])
+        if key in seen:
+            raise LedgerError(f"claim {r['claim']} on {r['device']} is in {seen[key]} and {r['record']}")
+        seen[key] = r["record"]
+    return sorted(rows, key=lambda r: (r["claim"], r["device"]))
 
 
 def append(record: str | Path, md: str | Path, csv_path: str | Path) -> int:
