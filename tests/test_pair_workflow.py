@@ -1,9 +1,9 @@
 """A user's own pair through the workflow: two commits of a tiny trainer in a git repo made here
 (tests/data/subjects/sleep_trainer.py: 40 ms a step at `base`, 20 ms at `main`), measured A → opt → B with the
-bitwise runs and a negative control. The records name both commits; a new commit of the baseline reruns the
-baseline's side only; a second experiment in the same directory has its own summary, landing and report; a
-baseline slowed in every window makes the headline inconclusive and auto repeats stop at their budget. No
-assertion on a time beyond what the trainer's sleeps guarantee."""
+bitwise runs and a negative control. The records name both commits; a new commit of either side reruns the whole
+triple, and of the baseline its bitwise side only; a second experiment in the same directory has its own summary,
+landing and report; a baseline slowed in every window makes the headline inconclusive and auto repeats stop at
+their budget. No assertion on a time beyond what the trainer's sleeps guarantee."""
 import json
 import shutil
 from pathlib import Path
@@ -90,6 +90,21 @@ def test_the_records_name_both_commits_and_trees(pair_run):
     assert "mine: your pair" in (res / "report/mine/landing.rst").read_text()
     for absent in ("checkpoints", "randopt", "operators", "pretraining", "env/reward_environment.json"):
         assert not (res / absent).exists(), absent
+
+
+def test_a_new_optimized_commit_reruns_the_whole_triple(pair_run):
+    """A triple is measured together: a new commit of the optimized side plans launch A again too (an A kept from
+    the old code's run would be minutes older than the new opt and B)."""
+    workdir, repo = pair_run
+    git(repo, "checkout", "-q", "main")
+    (repo / "trainer.py").write_text((repo / "trainer.py").read_text() + "# the optimized side, edited\n")
+    git(repo, "commit", "-qam", "edit the optimized side")
+    try:
+        shutil.copy(workdir / "mine.yaml", workdir / "config.yaml")
+        plan = jobs_planned(smk(workdir, "-n", "--cores", "2"))
+        assert plan["external_code"] == 1 and plan["speedup_launch"] == 1 and plan["speedup_next_launch"] == 2
+    finally:
+        git(repo, "reset", "-q", "--hard", "HEAD~1")  # the module's runs go on from the commits they were made at
 
 
 def test_a_new_baseline_commit_reruns_the_baseline_side_only(pair_run):

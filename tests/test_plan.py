@@ -119,6 +119,10 @@ def test_external_launch_runs_in_its_worktree_with_quoted_switches(tmp_path):
     assert s.command("mypair", "opt").startswith("python opt.py --switches fast --steps")
     inputs = s.launch_inputs(w(exp="mypair", launch="opt"))
     assert inputs["code"] == "results/code/mine/optimized.json" and "checkpoint" not in inputs
+    # every launch of a triple depends on both sides' code: a new optimized commit reruns A too
+    both = ["results/code/mine/baseline.json", "results/code/mine/optimized.json"]
+    assert all(s.launch_inputs(w(exp="mypair", launch=n))["triple_code"] == both for n in ("A", "opt", "B", "A2"))
+    assert s.launch_inputs(w(exp="mypair", launch="A"))["code"] == "results/code/mine/baseline.json"
     flags = shlex.split(s.launch_flags(w(exp="mypair", launch="opt"), Input(inputs, after="x")))
     assert flags[flags.index("--switches") + 1] == "fast" and flags[flags.index("--log-format") + 1] == "jsonl"
     assert "--ranks" not in flags  # the ranks the log holds

@@ -194,6 +194,9 @@ class SpeedupPlan:
         role, repeat = parse_launch_name(wildcards.launch)
         if self.subject(exp) == "external":
             inputs["code"] = code_record(self.exp, SIDE[role])
+            # A triple is measured together: a change to either side's code reruns it from A on (A's own side
+            # alone would pair a fresh opt and B with an A of the old code's time and load)
+            inputs["triple_code"] = [code_record(self.exp, side) for side in SIDES]
         prev = PREDECESSOR[role]
         if prev is not None:
             inputs["after"] = f"results/speedup/{exp}/{launch_name(prev, repeat)}"
