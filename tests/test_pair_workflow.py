@@ -19,7 +19,8 @@ pytestmark = pytest.mark.workflow
 
 RUNS = {"baseline": {"subject": "external", "impl": "baseline"},
         "optimized": {"subject": "external", "impl": "optimized"},
-        "control": {"subject": "external", "impl": "optimized", "switches": ["control"], "expect": "fail"}}
+        "control": {"subject": "external", "impl": "optimized", "switches": ["control"], "expect": "fail"},
+        "control_ulp": {"subject": "external", "impl": "optimized", "switches": ["ulp"], "expect": "fail"}}
 
 
 def pair_config(experiment: str, comparison: str, repo: Path, **speedup) -> dict:
@@ -84,6 +85,9 @@ def test_the_records_name_both_commits_and_trees(pair_run):
         assert f"at commit {commits[side][:12]} (tree {trees[side][:12]}" in summary
     # the verdicts: the bitwise check passed with its control caught; the verdict is the one speedup.json states
     assert speed["bitwise"]["counts"] is True and speed["bitwise"]["control"]["detected"] is True
+    # the control by construction (the weight one ulp up at step 1) is caught at the step where it acts
+    ulp = json.loads((res / "bitwise/mine/compare/control_ulp.json").read_text())["first_divergence"]
+    assert (ulp["step"], ulp["rank"]) == (1, 0)
     assert speed["headline"]["counts"] == speed["verdict"]["counts"]
     assert f"**mypair**: **{speed['verdict']['text']}**: {speed['headline']['text']}" in summary
     # the landing text is this experiment's, and nothing of the embedded model was built
@@ -118,13 +122,14 @@ def test_a_new_baseline_commit_reruns_the_baseline_side_only(pair_run):
     # the baseline's code record and its bitwise run; every launch of the triple (a triple is measured together);
     # the comparisons with the reference; never the optimized side's record or runs, the environment or a section
     assert plan["external_code"] == 1 and plan["deterministic_run"] == 1
-    assert plan["speedup_launch"] == 1 and plan["speedup_next_launch"] == 2 and plan["bitwise_compare"] == 2
+    assert plan["speedup_launch"] == 1 and plan["speedup_next_launch"] == 2 and plan["bitwise_compare"] == 3
     assert not {"environment", "config_section"} & set(plan)
     dry = smk(workdir, "-n", "--cores", "2")
     outputs = {line.split("output: ")[1] for line in (dry.stdout + dry.stderr).splitlines() if "output: " in line}
     assert "results/code/mine/baseline.json" in outputs and "results/code/mine/optimized.json" not in outputs
     assert "results/bitwise/mine/baseline" in outputs
-    assert not {"results/bitwise/mine/optimized", "results/bitwise/mine/control"} & outputs
+    assert not {"results/bitwise/mine/optimized", "results/bitwise/mine/control", "results/bitwise/mine/control_ulp"} \
+        & outputs
 
 
 def test_a_second_experiment_has_its_own_story_and_a_noisy_baseline_is_inconclusive(pair_run, tmp_path):

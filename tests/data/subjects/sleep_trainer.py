@@ -1,17 +1,20 @@
 """A template external subject, standard library only: a tiny linear model trained by gradient descent, with a
 sleep per step that stands for the work an optimization removes.
 
-    python sleep_trainer.py --steps N --out DIR [--deterministic] [--switches control] [--slow-launch A]
+    python sleep_trainer.py --steps N --out DIR [--deterministic] [--switches control|ulp] [--slow-launch A]
 
 Writes DIR/steps.jsonl (one line per step: step, rank, seconds; docs/protocol.md) and, with --deterministic,
-DIR/rank0.jsonl through records_writer (per step the loss and the gradient; finally the weights). The switch
-`control` sums the gradient's terms in the reverse order: a deliberately non-equivalent change (float addition
-is not associative), the negative control the bitwise comparison must catch. `--slow-launch A` sleeps longer in
-the first measured steps of launches A, A2, ... (what a noisy neighbour would do to a baseline).
+DIR/rank0.jsonl through records_writer (per step the weight, the loss and the gradient; finally the weights).
+Negative controls, which the bitwise comparison must catch: the switch `control` sums the gradient's terms in
+the reverse order, a realistic mistake (float addition is not associative, so many terms reordered nearly always
+round otherwise); `ulp` raises the weight by one unit in the last place at step 1, which the records carry, so
+its bits differ there on every machine by construction. `--slow-launch A` sleeps longer in the first measured
+steps of launches A, A2, ... (what a noisy neighbour would do to a baseline).
 """
 
 import argparse
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -42,6 +45,9 @@ def main() -> None:
         for step in range(a.steps):
             t0 = time.perf_counter()
             time.sleep(SLEEP_S + (SLOW_S if slow and step >= 1 else 0.0))
+            if "ulp" in a.switches and step == 1:
+                w = math.nextafter(w, math.inf)
+            used = w  # the weight this step's loss and gradient are of, as the records carry it
             terms = [(w * x + b - y, x) for x, y in zip(xs, ys)]
             if "control" in a.switches:
                 terms.reverse()
@@ -52,7 +58,7 @@ def main() -> None:
                 loss += r * r / len(xs)
             w, b = w - lr * gw, b - lr * gb
             if records is not None:
-                records.step(step, loss=loss, grad_w=gw, grad_b=gb)
+                records.step(step, w=used, loss=loss, grad_w=gw, grad_b=gb)
             log.write(json.dumps({"step": step, "rank": 0, "seconds": time.perf_counter() - t0}) + "\n")
             log.flush()
     if records is not None:
