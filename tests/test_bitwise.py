@@ -326,7 +326,8 @@ def test_cli_negative_control(runs):
     # says nothing counts), non-zero with --strict
     proc = cli(ref, same, tmp / "out2", "--expect", "fail")
     assert proc.returncode == 0 and "control NOT detected" in proc.stderr
-    assert json.loads((tmp / "out2" / "comparison.json").read_text())["verdict"]["as_expected"] is False
+    verdict = json.loads((tmp / "out2" / "comparison.json").read_text())["verdict"]
+    assert verdict["as_expected"] is False and "does the command act on the switches" in verdict["message"]
     proc = cli(ref, same, tmp / "out3", "--expect", "fail", "--strict")
     assert proc.returncode == 1 and "control NOT detected" in proc.stderr
     assert (tmp / "out3" / "comparison.json").is_file()

@@ -1,8 +1,10 @@
 """The `speedproof` command's planning, without running Snakemake (tests/test_install.py runs it installed)."""
+import json
 import subprocess
 
 import pytest
 
+from workflow_src import cli
 from workflow_src.cli import build_parser, compare_config, main, pair_configs, pair_problems
 
 
@@ -55,3 +57,29 @@ def test_a_pair_the_workflow_takes_passes_the_commands_check(tmp_path):
         ["compare", "--repo", str(repo), "--baseline", "v1", "--command", "python train.py", "--no-control",
          "--no-check-flags"]))
     assert pair_problems(config, tmp_path) == ""
+
+
+def test_compare_ends_with_the_verdict_and_can_fail_where_it_does_not_count(tmp_path, monkeypatch, capsys):
+    """After the run (Snakemake stubbed here), `compare` prints the pair's verdict and summary; its exit status is
+    0, or EXIT_DOES_NOT_COUNT with --require-counts where the verdict does not count."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for cmd in (["git", "init", "-q"], ["git", "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q",
+                                        "--allow-empty", "-m", "one"], ["git", "tag", "v1"]):
+        subprocess.run(cmd, cwd=repo, check=True)
+    work = tmp_path / "work"
+    (work / "results/speedup/mine").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(cli, "snakemake", lambda *a, **k: 0)
+    argv = ["compare", "--repo", str(repo), "--baseline", "v1", "--command", "python train.py", "--no-control",
+            "--no-check-flags", "--experiment", "mine"]
+    for counts, require, status in ((False, False, 0), (False, True, cli.EXIT_DOES_NOT_COUNT), (True, True, 0)):
+        (work / "results/speedup/mine/speedup.json").write_text(json.dumps(
+            {"verdict": {"counts": counts, "text": "counts" if counts else "does not count"},
+             "headline": {"text": "2.00× (noise 1 %)"}}))
+        with pytest.raises(SystemExit) as ended:
+            main(argv + (["--require-counts"] if require else []))
+        assert ended.value.code == status
+        err = capsys.readouterr().err
+        assert f"speedproof compare: mine: {'counts' if counts else 'does not count'}: 2.00× (noise 1 %)" in err
+        assert "results/summary/mine.md" in err

@@ -72,6 +72,7 @@ def test_speedproof_compare_runs_a_pair_of_commits_and_reports_it(installed, tmp
         assert speed["code"][side]["commit"] == commit
         assert speed["code"][side]["tree"] == git(repo, "rev-parse", f"{commit}^{{tree}}")
     assert speed["bitwise"]["counts"] is True and speed["verdict"]["text"] in (res / "summary/mine.md").read_text()
+    assert f"speedproof compare: mine: {speed['verdict']['text']}: " in proc.stderr  # the verdict, last
     config = (work / "speedproof-mine.yaml").read_text()
     assert "baseline_ref: base" in config and "switches:\n      - control" in config
     # the record's command reproduces it where the package, not a clone, runs the workflow

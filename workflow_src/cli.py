@@ -4,13 +4,14 @@
     speedproof compare --repo PATH --baseline REV [--optimized REV] --command 'python train.py' \\
         (--control-switches NAME ... | --control-command CMD | --no-control) [--experiment NAME] \\
         [--warmup N --windows N --window-steps N --repeats N|auto --bitwise-steps N --ranks N --allow-dirty] \\
-        [--no-check-flags] [-n]
+        [--no-check-flags] [--require-counts] [-n]
     speedproof report [--configfile FILE ...] [--out results/report/EXP.html]
 
 `compare` writes the config of a user's own pair, `speedproof-{experiment}.yaml` (run it again with
 `speedproof run pair --configfile speedproof-{experiment}.yaml`), and runs the target `pair`: each revision in a
 git worktree of its own, launches A → opt → B, the deterministic runs of both sides and of the negative control,
-the comparison, manifest, summary and report text, none of the embedded model. `--optimized` left out measures
+the comparison, manifest, summary and report text, none of the embedded model; it ends by printing the verdict
+(exit status 0, or 3 with `--require-counts` where the verdict does not count). `--optimized` left out measures
 the checkout as it is (with `--allow-dirty` when it has uncommitted changes; every record then says dirty).
 `report` without `--configfile` reports the pair whose `speedproof-*.yaml` is the one in this directory.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import re
 import subprocess
@@ -129,7 +131,23 @@ def cmd_compare(args: argparse.Namespace, rest: list[str]) -> int:
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     print(f"speedproof compare: config written to {path} (again: speedproof run pair --configfile {path})",
           file=sys.stderr)
-    return snakemake(["pair", *rest], [str(path)], args.cores, args.dry_run)
+    rc = snakemake(["pair", *rest], [str(path)], args.cores, args.dry_run)
+    if rc or args.dry_run:
+        return rc
+    counts, text = verdict(Path.cwd(), config)
+    print(f"speedproof compare: {text}\n  (results/summary/{config['experiment']}.md)", file=sys.stderr)
+    return EXIT_DOES_NOT_COUNT if args.require_counts and not counts else 0
+
+
+# `compare --require-counts`: the run went well and its verdict does not count (a script or CI can gate on it)
+EXIT_DOES_NOT_COUNT = 3
+
+
+def verdict(directory: Path, config: dict[str, Any]) -> tuple[bool, str]:
+    """Whether the pair's verdict counts, and its line (comparison, verdict, headline) from its speedup.json."""
+    comparison = next(iter(config["speedup"]["comparisons"]))
+    doc = json.loads((directory / "results" / "speedup" / comparison / "speedup.json").read_text())
+    return bool(doc["verdict"]["counts"]), f"{comparison}: {doc['verdict']['text']}: {doc['headline']['text']}"
 
 
 def pair_configs(directory: Path) -> list[str]:
@@ -195,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--mode", choices=["production", "deterministic"])
     cmp.add_argument("--bitwise-steps", type=int)
     cmp.add_argument("--config-out", help="where the config is written (default: speedproof-EXPERIMENT.yaml)")
+    cmp.add_argument("--require-counts", action="store_true",
+                     help=f"exit {EXIT_DOES_NOT_COUNT} when the verdict does not count (default: 0 once the run went well)")
     common(cmp, configfile=False)
     cmp.set_defaults(func=cmd_compare)
 

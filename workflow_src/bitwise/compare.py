@@ -371,7 +371,9 @@ def verdict(doc: dict[str, Any], expect: str) -> dict[str, Any]:
             msg = f"control detected: first divergence at {divergence_text(doc['first_divergence'])}"
         else:
             msg = (f"control NOT detected: all {c['compared']} compared values are bit-equal, so the check "
-                   "cannot tell this deliberately non-equivalent change from the reference")
+                   "cannot tell this deliberately non-equivalent change from the reference (does the command act "
+                   "on the switches or command this control gives it, and do its records carry a value the change "
+                   "alters?)")
         return {"expect": "fail", "as_expected": detected, "message": msg}
     if doc["pass"]:
         msg = f"PASS: all {c['compared']} compared values bit-equal"
@@ -523,8 +525,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.expect == "fail" and not v["as_expected"]:
         # Not an error of this job: the summary then says that no comparison of the subject counts, and this
         # comparison's outputs stay for the user to read (a failed job's outputs would be deleted).
-        print(f"bitwise {label}: negative control failed: {v['message']}; does the command act on the switches "
-              f"or command this control gives it? (written to {args.out_json})", file=sys.stderr)
+        print(f"bitwise {label}: negative control failed: {v['message']} (written to {args.out_json})",
+              file=sys.stderr)
         if args.strict:
             raise SystemExit(1)
         return
