@@ -72,6 +72,8 @@ def test_the_records_name_both_commits_and_trees(pair_run):
     compared = json.loads((res / "bitwise/mine/compare/optimized.json").read_text())
     assert compared["code"]["reference"]["commit"] == commits["baseline"]
     assert compared["code"]["candidate"]["commit"] == commits["optimized"]
+    page = (res / "bitwise/mine/compare/optimized.html").read_text()
+    assert f"commit {commits['baseline'][:12]} (clean)" in page and f"commit {commits['optimized'][:12]} (clean)" in page
     manifest = json.loads((res / "manifests/mine.json").read_text())
     names_code(manifest["code"])
     assert manifest["measured_code"]["baseline"]["files"] == \
@@ -79,7 +81,12 @@ def test_the_records_name_both_commits_and_trees(pair_run):
     record = json.loads((res / "evidence/pair-mine/record.json").read_text())
     names_code(record["provenance"]["code"])
     ledger = (res / "claims/CLAIMS.md").read_text()
-    assert f"baseline {commits['baseline'][:12]} (clean) against optimized {commits['optimized'][:12]} (clean)" in ledger
+    named = f"baseline {commits['baseline'][:12]} (clean) against optimized {commits['optimized'][:12]} (clean)"
+    assert named in ledger
+    # every row of the pair names the code it measured: the speedup's and the bitwise runs'
+    rows = {c["id"]: c["what"] for c in record["claims"]}
+    assert all(named in rows[i] for i in rows if ".bitwise." in i or i.endswith(".speedup")) and \
+        any(".bitwise." in i for i in rows)
     summary = (res / "summary/mine.md").read_text()
     for side in ("baseline", "optimized"):
         assert f"at commit {commits[side][:12]} (tree {trees[side][:12]}" in summary

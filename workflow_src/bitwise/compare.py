@@ -448,8 +448,12 @@ def html_page(doc: dict[str, Any]) -> str:
     def side(name: str) -> str:
         s = doc[name]
         sw = ", ".join(s["switches"]) or "no switches"
+        code = (doc.get("code") or {}).get(name)  # a user's side: the code it ran
+        measured = "" if not code else " — " + html.escape(
+            f"commit {code['commit'][:12]} ({code['state']})" if code.get("commit")
+            else f"files sha256 {str(code.get('files_sha256'))[:12]}")
         return (f"{name}: <b>{html.escape(s['impl'])}</b> ({html.escape(sw)}) — "
-                f"<code>{html.escape(s['dir'])}</code>")
+                f"<code>{html.escape(s['dir'])}</code>{measured}")
 
     c = doc["counts"]
     fd = doc["first_divergence"]

@@ -227,11 +227,12 @@ def rl_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, 
 EXPECTED_TEXT = {"pass": "", "fail": "; expected to differ", "may_differ": "; a realistic change that may differ"}
 
 
-def bitwise_claims(prefix: str, bitwise: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Per compared run: the share of its values bit-equal to the reference's, or a control's first divergence."""
+def bitwise_claims(prefix: str, bitwise: Mapping[str, Any], code: str | None = None) -> list[dict[str, Any]]:
+    """Per compared run: the share of its values bit-equal to the reference's, or a control's first divergence;
+    `code`: the measured code's text (code_text), where it is a user's pair."""
     out = []
     for c in sorted(bitwise["comparisons"], key=lambda c: c["candidate"]):
-        where = f"{c['steps']} steps on {c['ranks']} rank(s), {c['compared']} values"
+        where = f"{c['steps']} steps on {c['ranks']} rank(s), {c['compared']} values" + (f"; {code}" if code else "")
         if c["expect"] == "pass" or (c["expect"] == "may_differ" and c["pass"]):
             out.append(claim(f"{prefix}.bitwise.{c['candidate']}.equal_share",
                              f"share of the {c['candidate']} run's values bit-equal to the {c['reference']} run's "
@@ -282,7 +283,8 @@ def pair_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str
             gaps[w["repeat"]] = max(gaps.get(w["repeat"], 0.0), w["ab_gap"])
         out.append(claim(f"{prefix}.{exp}.ab_gap", f"the largest gap between baselines A and B in a window ({exp}): "
                          "the protocol's noise", "share", [gaps[r] for r in sorted(gaps)]))
-    out += bitwise_claims(prefix, summaries[0])
+    # the bitwise runs measured the same two sides as every comparison of the pair
+    out += bitwise_claims(prefix, summaries[0], code_text(speedups[0].get("code")))
     return out
 
 
