@@ -26,6 +26,7 @@ def test_a_pair_is_named_after_its_repo_and_its_launches_after_the_pair():
     assert named["speedup"]["external"]["check_flags"] is False
     assert named["bitwise"]["runs"]["control"] == {"subject": "external", "impl": "optimized",
                                                    "switches": ["reverse"], "expect": "fail"}
+    assert named["bitwise"]["runs"]["baseline_repeat"] == {"subject": "external", "impl": "baseline"}
 
 
 def test_report_takes_the_one_pair_config_of_its_directory(tmp_path):

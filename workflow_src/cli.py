@@ -9,9 +9,9 @@
 
 `compare` writes the config of a user's own pair, `speedproof-{experiment}.yaml` (run it again with
 `speedproof run pair --configfile speedproof-{experiment}.yaml`), and runs the target `pair`: each revision in a
-git worktree of its own, launches A → opt → B, the deterministic runs of both sides and of the negative control,
-the comparison, manifest, summary and report text, none of the embedded model; it ends by printing the verdict
-(exit status 0, or 3 with `--require-counts` where the verdict does not count). `--optimized` left out measures
+git worktree of its own, launches A → opt → B, the deterministic runs (the baseline twice, the optimized side, the
+negative control), the comparison, manifest, summary and report text, none of the embedded model; it ends by
+printing the verdict (exit status 0, or 3 with `--require-counts` where the verdict does not count). `--optimized` left out measures
 the checkout as it is (with `--allow-dirty` when it has uncommitted changes; every record then says dirty).
 `report` without `--configfile` reports the pair whose `speedproof-*.yaml` is the one in this directory.
 """
@@ -87,7 +87,9 @@ def compare_config(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, key)
         if value is not None:
             speedup[key] = value if key != "repeats" or value == "auto" else int(value)
+    # the baseline twice: a side that does not repeat its own bits cannot vouch for the optimized side's
     runs: dict[str, Any] = {"baseline": {"subject": "external", "impl": "baseline"},
+                            "baseline_repeat": {"subject": "external", "impl": "baseline"},
                             "optimized": {"subject": "external", "impl": "optimized"}}
     if args.control_switches:
         runs["control"] = {"subject": "external", "impl": "optimized", "switches": args.control_switches,
