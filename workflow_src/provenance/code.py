@@ -173,7 +173,8 @@ def identify(ext: Mapping[str, Any], side: str, root: Path | None = None) -> dic
     ref = ext.get(f"{side}_ref")
     if ref is not None:
         commit = resolve_commit(repo, ref, f"{KEY}.{side}_ref")
-        select(commit_files(repo, commit), patterns, skey)  # a glob that matches nothing is refused now
+        # a glob that matches nothing is refused now, naming the side's revision it searched
+        select(commit_files(repo, commit), patterns, f"{skey} ({side} side, {ref} = {commit[:12]} of {repo})")
         return {"side": side, "kind": "git", "repo": str(repo), "ref": ref, "commit": commit,
                 "tree": tree_of(repo, commit), "state": "clean", "sources": patterns, "files_sha256": None}
     # No revision: the checkout as it is, which is its HEAD only when nothing is changed.
@@ -184,7 +185,7 @@ def identify(ext: Mapping[str, Any], side: str, root: Path | None = None) -> dic
         raise CodeError(f"{KEY}.{side}_ref: null measures the checkout {repo} as it is, and it has uncommitted "
                         f"changes ({shown}); commit them and name the revision, or set {KEY}.allow_dirty: true "
                         "(`speedproof compare --allow-dirty`; every record then says dirty)")
-    names = select(checkout_files(repo), patterns, skey)
+    names = select(checkout_files(repo), patterns, f"{skey} ({side} side, the checkout {repo} as it is)")
     digest = files_digest({n: repo / n for n in names})
     return {"side": side, "kind": "git", "repo": str(repo), "ref": None, "commit": commit,
             "tree": tree_of(repo, commit), "state": "dirty" if changed else "clean", "sources": patterns,
