@@ -205,18 +205,27 @@ def test_a_prefill_writes_a_seeds_weights_only_where_its_tokens_are_many(model_a
     """FORMED_PREFILL_TOKENS: a seed's prefill of that many tokens or more runs on its weights written into
     scratch; fewer (a continuous schedule's small admissions) stay in the seeded op. The same tokens either way
     on the CPU (the reference backend's seeded op writes the weights too)."""
-    from workflow_src.engine import population_decoder
     model, tok = model_and_tokenizer
+    runs, _ = by_prefill_threshold(model, tok, 6, monkeypatch, lambda engine: engine.generate_population(
+        prompts[:4], POPULATION[:2], 4, SeededWeights(model)))
+    assert runs[1] == runs[10**9]
+
+
+def by_prefill_threshold(model, tok, slots, monkeypatch, generate):
+    """`generate(engine)` on a population engine of `slots` slots (2 seeds a step) whose every prefill runs on
+    weights written into scratch (FORMED_PREFILL_TOKENS 1), and on one whose prefills never do: each run's
+    output and engine by threshold (1, 10**9), checking that only the first wrote weights for its prefills."""
+    from workflow_src.engine import population_decoder
     calls, formed = [], SeededWeights.formed_linear
     monkeypatch.setattr(SeededWeights, "formed_linear", lambda self, *a: calls.append(1) or formed(self, *a))
-    runs = {}
+    runs, engines = {}, {}
     for threshold in (1, 10**9):
         monkeypatch.setattr(population_decoder, "FORMED_PREFILL_TOKENS", threshold)
         calls.clear()
-        engine = StaticEngine(model, tok, 6, seeds_per_step=2)
-        runs[threshold] = engine.generate_population(prompts[:4], POPULATION[:2], 4, SeededWeights(model))
+        engines[threshold] = StaticEngine(model, tok, slots, seeds_per_step=2)
+        runs[threshold] = generate(engines[threshold])
         assert bool(calls) == (threshold == 1)
-    assert runs[1] == runs[10**9]
+    return runs, engines
 
 
 @pytest.mark.gpu
@@ -237,16 +246,9 @@ def test_on_a_gpu_a_prefill_runs_on_each_seeds_weights_written_into_scratch(mode
         x = torch.randn(3, 5, lin.in_features, generator=g, device="cuda").to(torch.bfloat16)
         assert torch.equal(tri.formed_linear(x, lin.weight, lin.bias, group),
                            ref.formed_linear(x, lin.weight, lin.bias, group))
-    calls, formed = [], SeededWeights.formed_linear
-    monkeypatch.setattr(SeededWeights, "formed_linear", lambda self, *a: calls.append(1) or formed(self, *a))
-    runs = {}
-    for threshold in (1, 10**9):
-        monkeypatch.setattr(population_decoder, "FORMED_PREFILL_TOKENS", threshold)
-        calls.clear()
-        engine = StaticEngine(model, tok, 8, seeds_per_step=2)
-        runs[threshold] = engine.generate_population(prompts, POPULATION, 16, tri)
-        assert bool(calls) == (threshold == 1)
-        if threshold == 1:
-            assert engine.generate_population(prompts, POPULATION, 16, tri) == runs[1]
+    runs, engines = by_prefill_threshold(model, tok, 8, monkeypatch,
+                                         lambda engine: engine.generate_population(prompts, POPULATION, 16, tri))
+    monkeypatch.setattr(population_decoder, "FORMED_PREFILL_TOKENS", 1)  # as in the first run: it repeats its tokens
+    assert engines[1].generate_population(prompts, POPULATION, 16, tri) == runs[1]
     pairs = [(a, b) for xs, ys in zip(runs[1], runs[10**9]) for a, b in zip(xs, ys)]
     assert sum(a == b for a, b in pairs) / len(pairs) >= 0.9
