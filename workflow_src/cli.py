@@ -11,8 +11,9 @@
 `speedproof run pair --configfile speedproof-{experiment}.yaml`), and runs the target `pair`: each revision in a
 git worktree of its own, launches A → opt → B, the deterministic runs (the baseline twice, the optimized side, the
 negative control), the comparison, manifest, summary and report text, none of the embedded model; it ends by
-printing the verdict (exit status 0, or 3 with `--require-counts` where the verdict does not count). `--optimized` left out measures
-the checkout as it is (with `--allow-dirty` when it has uncommitted changes; every record then says dirty).
+printing the verdict (exit status 0, or 3 with `--require-counts` where the verdict does not count).
+`--optimized` left out measures the checkout as it is (with `--allow-dirty` when it has uncommitted changes; every
+record then says dirty).
 `report` without `--configfile` reports the pair whose `speedproof-*.yaml` is the one in this directory.
 """
 
@@ -216,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--bitwise-steps", type=int)
     cmp.add_argument("--config-out", help="where the config is written (default: speedproof-EXPERIMENT.yaml)")
     cmp.add_argument("--require-counts", action="store_true",
-                     help=f"exit {EXIT_DOES_NOT_COUNT} when the verdict does not count (default: 0 once the run went well)")
+                     help=f"exit {EXIT_DOES_NOT_COUNT} when the verdict does not count (default: 0 once the run "
+                          "went well)")
     common(cmp, configfile=False)
     cmp.set_defaults(func=cmd_compare)
 
