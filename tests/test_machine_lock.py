@@ -106,6 +106,7 @@ def test_a_gpu_job_refuses_beside_a_launch_but_runs_beside_another_gpu_job(tmp_p
         assert refused.wait(timeout=60) == 1
         err = refused.stderr.read()
         assert "test_job: refusing to start" in err and f"pid {os.getpid()}" in err and "timed launch X" in err
+        assert "run the same command again" in err
     assert gpu_job(lock, "true").wait(timeout=60) == 0  # released with the with-block
 
 

@@ -166,7 +166,8 @@ def describe(holder: dict[str, Any]) -> str:
 def busy_message(path: Path, job: str, found: list[dict[str, Any]]) -> str:
     named = "; ".join(describe(h) for h in found) or "a process this user cannot inspect"
     return (f"{job}: refusing to start: the machine lock {path} is held by {named}. A timed launch runs alone "
-            "on the machine and no GPU job runs beside one (docs/protocol.md, One machine)")
+            "on the machine and no GPU job runs beside one (docs/protocol.md, One machine). Once it is done, run "
+            "the same command again: what finished is kept, and the workflow goes on from there")
 
 
 def _try_lock(fd: int, exclusive: bool) -> bool:
