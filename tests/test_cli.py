@@ -84,3 +84,22 @@ def test_compare_ends_with_the_verdict_and_can_fail_where_it_does_not_count(tmp_
         err = capsys.readouterr().err
         assert f"speedproof compare: mine: {'counts' if counts else 'does not count'}: 2.00× (noise 1 %)" in err
         assert "results/summary/mine.md" in err
+
+
+def test_compare_plan_only_leaves_no_config_behind(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for cmd in (["git", "init", "-q"], ["git", "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q",
+                                        "--allow-empty", "-m", "one"], ["git", "tag", "v1"]):
+        subprocess.run(cmd, cwd=repo, check=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    planned = []
+    monkeypatch.setattr(cli, "snakemake", lambda targets, configs, cores, dry_run: planned.append(
+        (configs[0].rsplit("/", 1)[-1], dry_run, open(configs[0]).read())) or 0)
+    with pytest.raises(SystemExit) as ended:
+        main(["compare", "--repo", str(repo), "--baseline", "v1", "--command", "python train.py", "--no-control",
+              "--no-check-flags", "--experiment", "mine", "-n"])
+    assert ended.value.code == 0 and list(work.iterdir()) == []
+    assert planned[0][:2] == ("speedproof-mine.yaml", True) and "baseline_ref: v1" in planned[0][2]

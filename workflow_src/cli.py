@@ -11,7 +11,8 @@
 `speedproof run pair --configfile speedproof-{experiment}.yaml`), and runs the target `pair`: each revision in a
 git worktree of its own, launches A → opt → B, the deterministic runs (the baseline twice, the optimized side, the
 negative control), the comparison, manifest, summary and report text, none of the embedded model; it ends by
-printing the verdict (exit status 0, or 3 with `--require-counts` where the verdict does not count).
+printing the verdict (exit status 0, or 3 with `--require-counts` where the verdict does not count); with `-n` it
+plans and writes nothing.
 `--optimized` left out measures the checkout as it is (with `--allow-dirty` when it has uncommitted changes; every
 record then says dirty).
 `report` without `--configfile` reports the pair whose `speedproof-*.yaml` is the one in this directory.
@@ -26,6 +27,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -130,12 +132,17 @@ def cmd_compare(args: argparse.Namespace, rest: list[str]) -> int:
     problems = pair_problems(config)
     if problems:
         raise SystemExit(f"speedproof compare: the pair's config is refused, and nothing was written: {problems}")
+    if args.dry_run:  # plan only: the config the run would write, in a file of its own removed afterwards
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / f"speedproof-{config['experiment']}.yaml"
+            path.write_text(yaml.safe_dump(config, sort_keys=False))
+            return snakemake(["pair", *rest], [str(path)], args.cores, True)
     path = Path(args.config_out or f"speedproof-{config['experiment']}.yaml")
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     print(f"speedproof compare: config written to {path} (again: speedproof run pair --configfile {path})",
           file=sys.stderr)
-    rc = snakemake(["pair", *rest], [str(path)], args.cores, args.dry_run)
-    if rc or args.dry_run:
+    rc = snakemake(["pair", *rest], [str(path)], args.cores, False)
+    if rc:
         return rc
     counts, text = verdict(Path.cwd(), config)
     print(f"speedproof compare: {text}\n  (results/summary/{config['experiment']}.md)", file=sys.stderr)
