@@ -82,7 +82,7 @@ def test_the_records_name_both_commits_and_trees(pair_run):
     names_code(record["provenance"]["code"])
     ledger = (res / "claims/CLAIMS.md").read_text()
     named = f"baseline {commits['baseline'][:12]} (clean) against optimized {commits['optimized'][:12]} (clean)"
-    assert named in ledger
+    assert named in ledger and f"measured code: {named}" in (res / "speedup/mypair/windows.html").read_text()
     # every row of the pair names the code it measured: the speedup's and the bitwise runs'
     rows = {c["id"]: c["what"] for c in record["claims"]}
     assert all(named in rows[i] for i in rows if ".bitwise." in i or i.endswith(".speedup")) and \

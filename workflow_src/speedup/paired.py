@@ -33,6 +33,7 @@ from workflow_src.config_schema import defaults
 from workflow_src.provenance.atomic import atomic_write_json, atomic_write_text
 from workflow_src.provenance.hashing import sha256_file
 from workflow_src.provenance.stamp import provenance
+from workflow_src.report.evidence import code_text
 from workflow_src.report.tables import html_table
 from workflow_src.speedup import LAUNCHES, MODES, PREDECESSOR, launch_name, parse_launch_name
 from workflow_src.speedup.launch import META_FILE, finished_launch, not_later, same_clock
@@ -299,6 +300,8 @@ def html_page(doc: dict[str, Any]) -> str:
              f"{doc['verdict']['text']}" + (f"; {bits}" if bits else "")
              + f"; A-vs-B gap in its window {doc['noise']['headline_ab_gap']:.2%}, largest "
              f"{doc['noise']['max_ab_gap']:.2%}; timed in {doc['protocol']['mode']} mode")
+    if doc.get("code"):  # a user's pair: the code each side ran
+        title += f"; measured code: {code_text(doc['code'])}"
     services = doc.get("reward_services")
     if services:
         title += "; reward service " + ", ".join(f"{launch}: {v['service']}" for launch, v in services.items())
