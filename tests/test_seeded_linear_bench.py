@@ -133,3 +133,15 @@ def test_on_a_gpu_each_layer_is_also_timed_as_a_graph_replay():
         assert res["speedup_over_one_seed_in_graph"] == [
             int(per_step) * f / s for f, s in zip(out["1"]["formed"]["in_graph"]["ms_runs"],
                                                   res["seeded"]["in_graph"]["ms_runs"])]
+
+
+def test_the_short_preset_plans_its_four_launches(tmp_path):
+    """config/presets/seeded-linear-bench-short.yaml (the layer table within one GPU call) plans the target with
+    its launches and the preset in the record's command (a plan; no GPU here)."""
+    preset = "config/presets/seeded-linear-bench-short.yaml"
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory",
+                           str(tmp_path), "seeded_linear_bench", "--configfile", str(REPO / preset), "-n", "-p",
+                           "--cores", "2"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("--launches 128/64/64/4/3/swap/tma 128/128/64/8/4/swap/tma 128/64/64/4/3/swap/tma/k8 "
+            "128/64/64/4/3/swap/tma/ws --repeats") in proc.stdout
