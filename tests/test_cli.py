@@ -48,12 +48,18 @@ def test_compare_refuses_a_bad_pair_before_writing_its_config(tmp_path, monkeypa
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_pair_the_workflow_takes_passes_the_commands_check(tmp_path):
+def tagged_repo(tmp_path):
+    """A git repository of one empty commit, tagged v1."""
     repo = tmp_path / "repo"
     repo.mkdir()
     for cmd in (["git", "init", "-q"], ["git", "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q",
                                         "--allow-empty", "-m", "one"], ["git", "tag", "v1"]):
         subprocess.run(cmd, cwd=repo, check=True)
+    return repo
+
+
+def test_a_pair_the_workflow_takes_passes_the_commands_check(tmp_path):
+    repo = tagged_repo(tmp_path)
     config = compare_config(build_parser().parse_args(
         ["compare", "--repo", str(repo), "--baseline", "v1", "--command", "python train.py", "--no-control",
          "--no-check-flags"]))
@@ -63,11 +69,7 @@ def test_a_pair_the_workflow_takes_passes_the_commands_check(tmp_path):
 def test_compare_ends_with_the_verdict_and_can_fail_where_it_does_not_count(tmp_path, monkeypatch, capsys):
     """After the run (Snakemake stubbed here), `compare` prints the pair's verdict and summary; its exit status is
     0, or EXIT_DOES_NOT_COUNT with --require-counts where the verdict does not count."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    for cmd in (["git", "init", "-q"], ["git", "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q",
-                                        "--allow-empty", "-m", "one"], ["git", "tag", "v1"]):
-        subprocess.run(cmd, cwd=repo, check=True)
+    repo = tagged_repo(tmp_path)
     work = tmp_path / "work"
     (work / "results/speedup/mine").mkdir(parents=True)
     monkeypatch.chdir(work)
@@ -87,11 +89,7 @@ def test_compare_ends_with_the_verdict_and_can_fail_where_it_does_not_count(tmp_
 
 
 def test_compare_plan_only_leaves_no_config_behind(tmp_path, monkeypatch):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    for cmd in (["git", "init", "-q"], ["git", "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q",
-                                        "--allow-empty", "-m", "one"], ["git", "tag", "v1"]):
-        subprocess.run(cmd, cwd=repo, check=True)
+    repo = tagged_repo(tmp_path)
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)

@@ -35,6 +35,7 @@ from typing import Any, Union
 from workflow_src.provenance.atomic import atomic_write_json, atomic_write_text
 from workflow_src.provenance.hashing import sha256_file
 from workflow_src.provenance.stamp import provenance
+from workflow_src.report.evidence import side_code_text
 from workflow_src.report.tables import html_table
 
 FORMAT = "speedproof.bitwise-comparison/1"
@@ -449,9 +450,8 @@ def html_page(doc: dict[str, Any]) -> str:
         s = doc[name]
         sw = ", ".join(s["switches"]) or "no switches"
         code = (doc.get("code") or {}).get(name)  # a user's side: the code it ran
-        measured = "" if not code else " — " + html.escape(
-            f"commit {code['commit'][:12]} ({code['state']})" if code.get("commit")
-            else f"files sha256 {str(code.get('files_sha256'))[:12]}")
+        measured = "" if not code else " — " + html.escape(("commit " if code.get("commit") else "")
+                                                             + side_code_text(code))
         return (f"{name}: <b>{html.escape(s['impl'])}</b> ({html.escape(sw)}) — "
                 f"<code>{html.escape(s['dir'])}</code>{measured}")
 

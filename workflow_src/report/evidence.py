@@ -252,12 +252,16 @@ def code_text(code: Mapping[str, Any] | None) -> str:
     if not code:
         return "code not named"
 
-    def one(side: str) -> str:
-        c = code.get(side) or {}
-        if c.get("commit"):
-            return f"{side} {c['commit'][:12]} ({c['state']})"
-        return f"{side} files {str(c.get('files_sha256'))[:12]}"
-    return f"{one('baseline')} against {one('optimized')}"
+    return (f"baseline {side_code_text(code.get('baseline'))} against optimized "
+            f"{side_code_text(code.get('optimized'))}")
+
+
+def side_code_text(c: Mapping[str, Any] | None) -> str:
+    """One side's code record as '<commit12> (clean)', or 'files <sha256 12>' outside git."""
+    c = c or {}
+    if c.get("commit"):
+        return f"{c['commit'][:12]} ({c['state']})"
+    return f"files {str(c.get('files_sha256'))[:12]}"
 
 
 def pair_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
