@@ -67,8 +67,8 @@ def test_a_pair_the_workflow_takes_passes_the_commands_check(tmp_path):
 
 
 def test_compare_ends_with_the_verdict_and_can_fail_where_it_does_not_count(tmp_path, monkeypatch, capsys):
-    """After the run (Snakemake stubbed here), `compare` prints the pair's verdict and summary; its exit status is
-    0, or EXIT_DOES_NOT_COUNT with --require-counts where the verdict does not count."""
+    """After the run (Snakemake stubbed here), `compare` prints the pair's verdict, summary and record; its exit
+    status is 0, or EXIT_DOES_NOT_COUNT with --require-counts where the verdict does not count."""
     repo = tagged_repo(tmp_path)
     work = tmp_path / "work"
     (work / "results/speedup/mine").mkdir(parents=True)
@@ -85,7 +85,7 @@ def test_compare_ends_with_the_verdict_and_can_fail_where_it_does_not_count(tmp_
         assert ended.value.code == status
         err = capsys.readouterr().err
         assert f"speedproof compare: mine: {'counts' if counts else 'does not count'}: 2.00× (noise 1 %)" in err
-        assert "results/summary/mine.md" in err
+        assert "results/summary/mine.md" in err and "results/evidence/pair-mine/record.json" in err
 
 
 def test_compare_plan_only_leaves_no_config_behind(tmp_path, monkeypatch):

@@ -18,7 +18,7 @@ import psutil
 import pytest
 import yaml
 from conftest import REPO, run_module
-from test_protocol_launch import launch, ok, paired, subject
+from test_protocol_launch import WARMUP, WINDOWS, WSTEPS, launch, ok, paired, subject
 
 from workflow_src.provenance import machine_lock
 from workflow_src.provenance.atomic import BuildInProgress, atomic_directory
@@ -323,6 +323,32 @@ def test_paired_is_inconclusive_when_a_launch_shared_the_machine(tmp_path):
     doc = json.loads(outs["json"].read_text())
     assert not [r for r in doc["verdict"]["reasons"] if r["kind"] == "foreign load"]
     assert doc["protocol"]["foreign_share_max"] is None
+
+
+def test_auto_repeats_stop_at_a_launch_that_shared_the_machine(tmp_path):
+    """More triples cannot lift a verdict that a loaded launch made inconclusive: the auto decision stops and
+    says why, where without the check (or on a quiet machine) a headline in the noise asks for another triple."""
+    lock = tmp_path / "machine.lock"
+    ok(launch(tmp_path, "A", subject(0.02), "--lock", str(lock)))
+    ok(launch(tmp_path, "opt", subject(0.02), "--after", str(tmp_path / "A/meta.json"), "--lock", str(lock)))
+    ok(launch(tmp_path, "B", subject(0.02), "--after", str(tmp_path / "opt/meta.json"), "--lock", str(lock)))
+
+    def decide(shares, share_max):
+        set_foreign_shares(tmp_path, shares)
+        out = tmp_path / "auto.json"
+        launches = (f"--{role}={tmp_path / role}" for role in ("A", "opt", "B"))
+        ok(run_module("workflow_src.speedup.auto", "--exp", "demo", *launches, "--warmup", str(WARMUP),
+                      "--windows", str(WINDOWS), "--window-steps", str(WSTEPS), "--noise-margin", "1e9",
+                      "--max-triples", "5", "--foreign-share-max", share_max, "--out", str(out)))
+        return json.loads(out.read_text())
+
+    quiet = decide({"A": 0.0, "opt": 0.0, "B": 0.0}, "0.1")
+    # a noise margin no measured A-vs-B gap escapes: the headline stays in the noise, whatever the step times
+    assert quiet["stop"] is False and quiet["loaded"] == []
+    loaded = decide({"A": 0.0, "opt": 0.0, "B": 0.75}, "0.1")
+    assert loaded["stop"] is True and loaded["loaded"] == ["B"]
+    assert loaded["why"].startswith("inconclusive: launch B shared the machine") and "machine is quiet" in loaded["why"]
+    assert decide({"A": 0.0, "opt": 0.0, "B": 0.75}, "-1")["stop"] is False
 
 
 def test_a_build_in_progress_elsewhere_is_refused_not_outlived(tmp_path, stop):

@@ -36,6 +36,7 @@ from snakemake.utils import update_config
 
 from workflow_src.config_checks import validated
 from workflow_src.config_schema import PACKAGE_DIR, WORKFLOW_DIR, ConfigError
+from workflow_src.jobs.external import pair_claim
 
 REPORT_CSS = PACKAGE_DIR / "report" / "report.css"  # the landing view from the top (workflow_src/report/report.css)
 # Snakemake 9's report step warns once per rule that its default disk resource's coroutine was never awaited
@@ -106,17 +107,21 @@ def compare_config(args: argparse.Namespace) -> dict[str, Any]:
     return {"experiment": experiment, "speedup": speedup, "bitwise": bitwise}
 
 
-def pair_problems(config: dict[str, Any], directory: Path | None = None) -> str:
-    """What the workflow would refuse in `config` over the directory's own config/config.yaml (where it has one, as
-    the Snakefile reads it): empty when nothing."""
+def pair_settings(config: dict[str, Any], directory: Path | None = None) -> tuple[dict[str, Any], str]:
+    """`config` over the directory's own config/config.yaml (where it has one, as the Snakefile reads it), with the
+    schema's defaults filled in, and what the workflow would refuse in it: empty when nothing."""
     base = (directory or Path.cwd()) / "config" / "config.yaml"
     merged = yaml.safe_load(base.read_text()) or {} if base.is_file() else {}
     update_config(merged, copy.deepcopy(config))
     try:
         validated(merged)
     except ConfigError as e:
-        return str(e)
-    return ""
+        return merged, str(e)
+    return merged, ""
+
+
+def pair_problems(config: dict[str, Any], directory: Path | None = None) -> str:
+    return pair_settings(config, directory)[1]
 
 
 def cmd_run(args: argparse.Namespace, rest: list[str]) -> int:
@@ -129,7 +134,7 @@ def cmd_compare(args: argparse.Namespace, rest: list[str]) -> int:
                          "(--control-switches NAME: the optimized command given --switches NAME; or "
                          "--control-command CMD), or pass --no-control (then no comparison counts)")
     config = compare_config(args)
-    problems = pair_problems(config)
+    settings, problems = pair_settings(config)
     if problems:
         raise SystemExit(f"speedproof compare: the pair's config is refused, and nothing was written: {problems}")
     if args.dry_run:  # plan only: the config the run would write, in a file of its own removed afterwards
@@ -145,7 +150,8 @@ def cmd_compare(args: argparse.Namespace, rest: list[str]) -> int:
     if rc:
         return rc
     counts, text = verdict(Path.cwd(), config)
-    print(f"speedproof compare: {text}\n  (results/summary/{config['experiment']}.md)", file=sys.stderr)
+    print(f"speedproof compare: {text}\n  (results/summary/{config['experiment']}.md; its record "
+          f"results/evidence/{pair_claim(settings)}/record.json)", file=sys.stderr)
     return EXIT_DOES_NOT_COUNT if args.require_counts and not counts else 0
 
 

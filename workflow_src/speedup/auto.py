@@ -2,11 +2,11 @@
 
     python -m workflow_src.speedup.auto --exp full --A results/speedup/full/A [A2 ...] --opt ... --B ... \\
         --warmup 10 --windows 3 --window-steps 2 --noise-margin 1.0 --max-triples 5 [--max-seconds 3600] \\
-        [--max-gap-s 600] --out results/speedup/full/auto/2.json
+        [--max-gap-s 600] [--foreign-share-max 0.1] --out results/speedup/full/auto/2.json
 
 Checks the triples as the paired result does (workflow_src/speedup/paired.py), takes their headline and the
-A-vs-B gap of its window, and writes `speedup/plan.py`'s `auto_decision`: stop (the headline left the noise,
-or the budget of triples or seconds ended) or run another triple. The rules run triple k + 1 only after
+A-vs-B gap of its window, and writes `speedup/plan.py`'s `auto_decision`: stop (a launch shared the machine, the
+headline left the noise, or the budget of triples or seconds ended) or run another triple. The rules run triple k + 1 only after
 decision k says so (a Snakemake checkpoint).
 """
 
@@ -21,6 +21,7 @@ from workflow_src.speedup import LAUNCHES
 from workflow_src.speedup.paired import PairedError, compute
 from workflow_src.speedup.plan import auto_decision
 from workflow_src.speedup.steplog import StepLogError
+from workflow_src.speedup.verdict import loaded_launches
 
 FORMAT = "speedproof.auto-repeat/1"
 
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-triples", required=True, type=int)
     parser.add_argument("--max-seconds", type=float, help="no limit in seconds when absent")
     parser.add_argument("--max-gap-s", type=float, default=0, help="as the paired result's (0: no limit)")
+    parser.add_argument("--foreign-share-max", type=float, default=-1,
+                        help="as the paired result's: a launch over it stops the repeats (negative: no check)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     triples = [dict(zip(LAUNCHES, dirs)) for dirs in zip(*(getattr(args, role) for role in LAUNCHES))]
@@ -52,8 +55,10 @@ def main(argv: list[str] | None = None) -> None:
     except (PairedError, StepLogError, ValueError) as e:
         print(f"auto repeats {args.exp}: refused: {e}", file=sys.stderr)
         raise SystemExit(1) from None
+    share = args.foreign_share_max if args.foreign_share_max >= 0 else None
+    loaded = {name: [r["text"] for r in found] for name, found in loaded_launches(doc["launches"], share).items()}
     decision = auto_decision(len(triples), doc["noise"]["headline_ab_gap"], doc["headline"]["ratio"],
-                             args.noise_margin, elapsed_s(doc), args.max_triples, args.max_seconds)
+                             args.noise_margin, elapsed_s(doc), args.max_triples, args.max_seconds, loaded)
     atomic_write_json(args.out, {"format": FORMAT, "experiment": args.exp, **decision})
     print(f"auto repeats {args.exp}: {decision['why']}", file=sys.stderr)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from workflow_src.jobs.external import code_record, external_command, side_command
@@ -39,11 +39,19 @@ def launch_names(triples: int) -> list[str]:
 
 
 def auto_decision(triples: int, gap: float, ratio: float, margin: float, elapsed_s: float,
-                  max_triples: int, max_seconds: float | None) -> dict[str, Any]:
+                  max_triples: int, max_seconds: float | None,
+                  loaded: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
     """After `triples` triples whose headline has `ratio` and an A-vs-B gap `gap` in its window: stop when the
-    headline has left the noise, or a budget (triples, seconds since the first launch started) is spent; else
-    run another triple. `why` says which."""
-    if not within_noise(gap, ratio, margin):
+    machine check made a launch inconclusive (`loaded`: each such launch's reasons; the verdict stays
+    inconclusive whatever more triples show), the headline has left the noise, or a budget (triples, seconds
+    since the first launch started) is spent; else run another triple. `why` says which."""
+    loaded = loaded or {}
+    texts = [text for found in loaded.values() for text in found]
+    if texts:
+        more = f" (and {len(texts) - 1} more)" if len(texts) > 1 else ""
+        stop, why = True, (f"{texts[0]}{more}: the verdict stays inconclusive whatever more triples show; run the "
+                           "comparison again when the machine is quiet")
+    elif not within_noise(gap, ratio, margin):
         stop, why = True, f"the headline left the noise after {triples} triple(s)"
     elif triples >= max_triples:
         stop, why = True, f"the budget of {max_triples} triples ended with the headline still in the noise"
@@ -52,7 +60,8 @@ def auto_decision(triples: int, gap: float, ratio: float, margin: float, elapsed
                            "with the headline still in the noise")
     else:
         stop, why = False, f"the headline is in the noise after {triples} triple(s): one more triple"
-    return {"triples": triples, "stop": stop, "why": why, "ab_gap": gap, "ratio": ratio, "elapsed_s": elapsed_s}
+    return {"triples": triples, "stop": stop, "why": why, "ab_gap": gap, "ratio": ratio, "elapsed_s": elapsed_s,
+            "loaded": sorted(loaded)}
 
 
 GPU_BUSY_WARMUP = 2  # steps before the unprofiled and profiled ones (compilation, graph capture)
@@ -280,8 +289,7 @@ class SpeedupPlan:
         inputs are not known yet, and what is absent is left out."""
         s = self.s
         flags = [f"--noise-warn {s['noise_warn']!r}", f"--max-gap-s {max_gap_s(s)!r}",
-                 f"--noise-margin {s['noise_margin']!r}",
-                 f"--foreign-share-max {-1 if s['foreign_share_max'] is None else s['foreign_share_max']!r}"]  # -1: never
+                 f"--noise-margin {s['noise_margin']!r}", foreign_share_flag(s)]
         if "environment" in input.keys():
             flags.append(f"--environment {shlex.quote(input.environment)} --config-sections "
                          + " ".join(shlex.quote(f) for f in input.sections))
@@ -339,10 +347,16 @@ class SpeedupPlan:
     def auto_flags(self, wildcards: Any, input: Any) -> str:
         s = self.s
         flags = [launch_args(input, int(wildcards.k)), f"--noise-margin {s['noise_margin']!r}",
-                 f"--max-triples {s['auto']['max_triples']}", f"--max-gap-s {max_gap_s(s)!r}"]
+                 f"--max-triples {s['auto']['max_triples']}", f"--max-gap-s {max_gap_s(s)!r}", foreign_share_flag(s)]
         if s["auto"]["max_seconds"] is not None:
             flags.append(f"--max-seconds {s['auto']['max_seconds']!r}")
         return " ".join(flags)
+
+
+def foreign_share_flag(speedup: Mapping[str, Any]) -> str:
+    """The paired and auto CLIs' bound on other processes' share of a launch's CPU time (-1: no check)."""
+    share = speedup["foreign_share_max"]
+    return f"--foreign-share-max {-1 if share is None else share!r}"
 
 
 def auto_file(exp: str, k: int) -> str:

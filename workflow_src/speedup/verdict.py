@@ -60,10 +60,17 @@ def foreign_load_reasons(launches: Mapping[str, Mapping[str, Any]], max_share: f
     seen on one of the machine's GPUs, or that recorded no foreign load, makes the headline inconclusive; None: no
     check. A GPU process counts whatever its size: the machine lock keeps every GPU of the machine from the
     project's other jobs during a timed launch, and NVML gives no share of a GPU's time to hold against a bound."""
+    return [r for found in loaded_launches(launches, max_share).values() for r in found]
+
+
+def loaded_launches(launches: Mapping[str, Mapping[str, Any]],
+                    max_share: float | None) -> dict[str, list[dict[str, str]]]:
+    """foreign_load_reasons by launch name, only the launches that have one."""
     if max_share is None:
-        return []
-    found = []
+        return {}
+    by_launch = {}
     for name, meta in launches.items():
+        found = by_launch.setdefault(name, [])
         load = (meta.get("machine") or {}).get("foreign_load")
         if load is None:
             found.append(reason("foreign load", INCONCLUSIVE, f"inconclusive: launch {name} recorded no foreign load "
@@ -82,7 +89,7 @@ def foreign_load_reasons(launches: Mapping[str, Mapping[str, Any]], max_share: f
                                 f"GPUs: other processes ran on them during it: "
                                 + "; ".join(_gpu_process(p) for p in counted[:3])
                                 + (f" and {len(counted) - 3} more" if len(counted) > 3 else "")))
-    return found
+    return {name: found for name, found in by_launch.items() if found}
 
 
 def verdict(reasons: Sequence[Mapping[str, str] | None]) -> dict[str, Any]:
