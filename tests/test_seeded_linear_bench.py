@@ -85,6 +85,7 @@ def test_the_target_times_every_seed_count_and_launch_and_claims_them(bench_run)
     assert len(res["seeded"]["ms_runs"]) == 2 and res["seeded"]["range"] == sorted(res["seeded"]["ms_runs"])
     assert res["speedup_over_one_seed"] == [2 * f / s for f, s in zip(one["formed"]["ms_runs"], res["seeded"]["ms_runs"])]
     assert "in_graph" not in res["seeded"] and "speedup_over_one_seed_in_graph" not in res  # CUDA graphs: GPU only
+    assert "gemm_over_formed_in_graph" not in res
     ids = {c["id"]: c for c in rec["claims"]}
     assert ids["seeded-linear-cpu.S2.16-64-64-1-1.speedup_over_one_seed"]["values"] == res["speedup_over_one_seed"]
     forming = ids["seeded-linear-cpu.S2.16-64-64-1-1.forming_share"]["values"]
@@ -108,7 +109,8 @@ def test_the_layers_replayed_as_graphs_are_claimed_beside_the_calls():
     def timed(runs, graph_runs):
         return {**bench.spread(runs), "in_graph": bench.spread(graph_runs)}
     launch = {"unperturbed": timed([0.5, 0.6], [0.2, 0.3]), "seeded": timed([0.7, 0.8], [0.4, 0.5]),
-              "speedup_over_one_seed": [1.0, 1.0], "speedup_over_one_seed_in_graph": [1.5, 1.25]}
+              "speedup_over_one_seed": [1.0, 1.0], "speedup_over_one_seed_in_graph": [1.5, 1.25],
+              "gemm_over_formed_in_graph": [0.25, 0.5]}
     doc = {"format": evidence.SEEDED_LINEAR_FORMAT, "args": {"shape": "7B", "tiny": False, "rows": 128},
            "dtype": "bfloat16", "scheme": "speedproof-v2", "sigma": 1e-3,
            "seeds_per_step": {"2": {"formed": {**timed([0.9, 1.0], [0.6, 0.7]), "floor": {"ms": 0.1, "bound": "bytes"}},
@@ -118,6 +120,7 @@ def test_the_layers_replayed_as_graphs_are_claimed_beside_the_calls():
     assert got["b.S2.64-64-64-4-3.unperturbed_in_graph_ms"] == [0.2, 0.3]
     assert got["b.S2.64-64-64-4-3.seeded_in_graph_ms"] == [0.4, 0.5]
     assert got["b.S2.64-64-64-4-3.speedup_over_one_seed_in_graph"] == [1.5, 1.25]
+    assert got["b.S2.64-64-64-4-3.gemm_over_formed_in_graph"] == [0.25, 0.5]
     assert got["b.S2.64-64-64-4-3.seeded_ms"] == [0.7, 0.8]
 
 
@@ -133,6 +136,8 @@ def test_on_a_gpu_each_layer_is_also_timed_as_a_graph_replay():
         assert res["speedup_over_one_seed_in_graph"] == [
             int(per_step) * f / s for f, s in zip(out["1"]["formed"]["in_graph"]["ms_runs"],
                                                   res["seeded"]["in_graph"]["ms_runs"])]
+        assert res["gemm_over_formed_in_graph"] == [
+            u / f for u, f in zip(res["unperturbed"]["in_graph"]["ms_runs"], row["formed"]["in_graph"]["ms_runs"])]
 
 
 def test_the_short_preset_plans_its_four_launches(tmp_path):

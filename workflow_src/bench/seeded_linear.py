@@ -22,6 +22,8 @@ layer's bytes (weights once for the seeded kernel, once per seed for `formed`; r
 (2 FLOP per weight and row), whichever is slower. The figure that decides a population decode's linears:
 `speedup_over_one_seed` = S × `formed_ms` at S = 1 over `seeded_ms`, repeat by repeat (above 1: S seeds together
 take less than S steps of one seed), and on a GPU `speedup_over_one_seed_in_graph`, the same of the graphs' times.
+On a GPU, `gemm_over_formed_in_graph` sets each launch's GEMMs alone (nothing perturbed) against `formed` at the
+same S, both graphs, repeat by repeat: the kernel's matrix rate against the library's on the same rows.
 """
 
 from __future__ import annotations
@@ -133,6 +135,9 @@ def measure(linears: list[dict], seeds_per_step: list[int], rows: int, launches:
         for launch in launches:
             res = row["launches"][str(launch)] = {"unperturbed": timed(seeded_layer(launch, False)),
                                                   "seeded": timed(seeded_layer(launch, True))}
+            if "in_graph" in row["formed"]:  # the kernel's GEMMs against the library's on the same rows
+                plain, library = res["unperturbed"]["in_graph"]["ms_runs"], row["formed"]["in_graph"]["ms_runs"]
+                res["gemm_over_formed_in_graph"] = [u / f for u, f in zip(plain, library)]
             # as each is measured: a run stopped by its time limit still shows (in its log) how far it got
             print(f"measured S={per_step} {launch}: {_times(row['formed'], res)}", flush=True)
         out[str(per_step)] = row

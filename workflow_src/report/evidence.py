@@ -426,6 +426,11 @@ def _in_graph_claims(key: str, per_step: str, launch: str, res: Mapping[str, Any
                  "its GEMMs alone) as one CUDA graph's replay", "ms", res["unperturbed"]["in_graph"]["ms_runs"]),
            claim(f"{key}.seeded_in_graph_ms", f"the seeded-kernel layer (launch {launch}) as one CUDA graph's replay",
                  "ms", res["seeded"]["in_graph"]["ms_runs"])]
+    if "gemm_over_formed_in_graph" in res:
+        out.append(claim(f"{key}.gemm_over_formed_in_graph", f"the seeded-kernel layer with nothing perturbed (launch "
+                         f"{launch}: its GEMMs alone) over F.linear on formed weights for the same rows ({per_step} "
+                         "seed(s)), both as CUDA graphs' replays, repeat by repeat (1: the library's rate)", "×",
+                         res["gemm_over_formed_in_graph"]))
     if "speedup_over_one_seed_in_graph" in res:
         out.append(claim(f"{key}.speedup_over_one_seed_in_graph", f"{per_step} × one seed's F.linear layer over the "
                          f"{per_step} seeds' seeded-kernel layer, both as CUDA graphs' replays, repeat by repeat",
