@@ -219,6 +219,9 @@ def test_the_default_experiment_builds_every_family():
                 f"results/evidence/{t.rl_claim}/record.appended", f"results/evidence/{t.randopt_claim}/record.appended"):
         assert out in outs, out
     assert t.rl_claim == "rl-paired-tiny-arith" and t.randopt_claim == "randopt-default"
+    # a record's name is made of a-z, 0-9, '.' and '-', whatever the checkpoint and experiment are called
+    _, _, named = plans(filled({"experiment": "My_Exp", "checkpoint": {"name": "Tiny_Arith"}}))
+    assert named.rl_claim == "rl-paired-tiny-arith" and named.randopt_claim == "randopt-my-exp"
     sections = t.experiment_sections()
     assert sections == sorted(set(sections)) and "results/config/checkpoint.synthetic.json" in sections
     assert set(t.rl_evidence_sections()) <= set(sections)

@@ -36,7 +36,7 @@ class Targets:
         self.checkpoint = checkpoint_dir(config)
         self.ckpt_source = config["checkpoint"]["source"]
         evidence = config["evidence"]
-        self.rl_claim = evidence["rl_claim"] or f"rl-paired-{self.model}"
+        self.rl_claim = evidence["rl_claim"] or record_name(f"rl-paired-{self.model}")
         # the operator receipt's evidence record: its sizes and device name it
         self.operator_claim = f"operator-receipt-{config['operators']['scale']}-{config['operators']['device']}"
         self.engine_claim = evidence["engine_bench"]["claim"]

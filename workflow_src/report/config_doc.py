@@ -47,6 +47,10 @@ def _rows(node: dict[str, Any], root: dict[str, Any], prefix: str, required: set
         yield f"| `{key}` | {typ} | {default} | {desc} |"
         if is_obj:
             yield from _rows(sub, root, key + ".", set(sub.get("required", [])))
+        entry = resolve_ref(root, sub["additionalProperties"]) if isinstance(sub.get("additionalProperties"), dict) \
+            else None
+        if entry and "properties" in entry:  # a map of named entries (speedup.comparisons): each entry's keys
+            yield from _rows(entry, root, key + ".<name>.", set(entry.get("required", [])))
 
 
 def render(schema_path: Path = REPO / "config/schema.yaml") -> str:
