@@ -16,7 +16,8 @@ identity (config, checkpoint, seed, task), step count or world size differ, a ru
 
 Exit status otherwise: ``--expect pass`` (default) exits 0 whatever the verdict (it lives in the outputs) unless
 ``--strict``, then a failed comparison exits 1 after writing. ``--expect fail`` (negative control) exits 0 when
-the comparison finds a difference ("control detected") and 1, after writing, when it does not.
+the comparison finds a difference ("control detected"), and when it does not too (the summary then counts no
+comparison of that subject) unless ``--strict``, then 1 after writing. ``--expect may_differ`` exits 0 either way.
 """
 
 from __future__ import annotations

@@ -8,13 +8,13 @@ from typing import Any
 from workflow_src.config_schema import ConfigError, resolve
 
 # Every optimization of the optimized trainer, by name. Each one changes how work is done, never
-# the arithmetic; tests/test_rl_switches.py checks each alone against the baseline's records.
+# the arithmetic; tests/test_rl_subject.py checks each alone against the baseline's records.
 SWITCHES: dict[str, str] = {
     "lean_decode": "rollout decodes through the lean forward with a preallocated KV cache instead of transformers generate",
     "batched_groups": "all groups of a round decode together (varlen: per-token work batched, attention per group)",
     "shared_prefix": "a group's common prompt is prefilled once and its KV cache broadcast to the group's rows",
     "reuse_old_logprobs": "no separate old-policy forward: the training forward's detached log-probs serve",
-    "ref_batched": "reference log-probs per (group, round) batch through the lean path, logits only at completion tokens",
+    "ref_batched": "reference log-probs per (group, round) batch through the lean path, full logits per micro-batch",
     "reward_overlap": "rewards are submitted before the reference forward and resolved before the advantages",
     "batched_train": "the micro-batches of one (group, round) share one forward/backward; parameter gradients "
                      "are still reduced per micro-batch and added in micro-batch order",
