@@ -5,9 +5,9 @@
         [--max-gap-s 600] [--foreign-share-max 0.1] --out results/speedup/full/auto/2.json
 
 Checks the triples as the paired result does (workflow_src/speedup/paired.py), takes their headline and the
-A-vs-B gap of its window, and writes `speedup/plan.py`'s `auto_decision`: stop (a launch shared the machine, the
-headline left the noise, or the budget of triples or seconds ended) or run another triple. The rules run triple k + 1 only after
-decision k says so (a Snakemake checkpoint).
+A-vs-B gap of its window, and writes `speedup/plan.py`'s `auto_decision`: stop (a launch failed the machine
+check, the headline left the noise, or the budget of triples or seconds ended) or run another triple. The rules
+run triple k + 1 only after decision k says so (a Snakemake checkpoint).
 """
 
 from __future__ import annotations
