@@ -103,7 +103,7 @@ rule all:
     default_target: True
 
 
-# RandOpt alone (environment, checkpoint, population, ensembles, record and the records table), without
+# RandOpt alone (environment, checkpoint, population, ensembles, figures, record and the records table), without
 # the RL subject's evidence: the target of the RandOpt presets (config/presets/randopt-*).
 rule randopt_evidence:
     input:

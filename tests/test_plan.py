@@ -219,6 +219,7 @@ def test_the_default_experiment_builds_every_family():
                 f"results/evidence/{t.rl_claim}/record.appended", f"results/evidence/{t.randopt_claim}/record.appended"):
         assert out in outs, out
     assert t.rl_claim == "rl-paired-tiny-arith" and t.randopt_claim == "randopt-default"
+    assert "results/randopt/default/ksweep.png" in t.randopt_evidence_outputs()  # the target draws the figures too
     # a record's name is made of a-z, 0-9, '.' and '-', whatever the checkpoint and experiment are called
     _, _, named = plans(filled({"experiment": "My_Exp", "checkpoint": {"name": "Tiny_Arith"}}))
     assert named.rl_claim == "rl-paired-tiny-arith" and named.randopt_claim == "randopt-my-exp"

@@ -76,8 +76,9 @@ class Targets:
         return outs + self.speedup.outputs() + self.bitwise.outputs()
 
     def randopt_evidence_outputs(self) -> list[str]:
-        return ["results/env/environment.json", self.checkpoint, f"results/randopt/{self.exp}/record.appended",
-                f"results/evidence/{self.randopt_claim}/record.appended"]
+        """RandOpt alone: its outputs (figures and pages included), the records table's row and the evidence record."""
+        return ["results/env/environment.json", self.checkpoint, *self.randopt.outputs(),
+                f"results/randopt/{self.exp}/record.appended", f"results/evidence/{self.randopt_claim}/record.appended"]
 
     def pair_outputs(self) -> list[str]:
         """A pair's outputs: environment, code, launches, bitwise runs, comparison, manifest, summary, report text
