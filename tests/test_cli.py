@@ -5,7 +5,7 @@ import subprocess
 import pytest
 
 from workflow_src import cli
-from workflow_src.cli import build_parser, compare_config, main, pair_configs, pair_problems
+from workflow_src.cli import build_parser, compare_config, main, pair_configs, pair_settings
 
 
 def parsed(*extra):
@@ -63,7 +63,7 @@ def test_a_pair_the_workflow_takes_passes_the_commands_check(tmp_path):
     config = compare_config(build_parser().parse_args(
         ["compare", "--repo", str(repo), "--baseline", "v1", "--command", "python train.py", "--no-control",
          "--no-check-flags"]))
-    assert pair_problems(config, tmp_path) == ""
+    assert pair_settings(config, tmp_path)[1] == ""
 
 
 def test_compare_ends_with_the_verdict_and_can_fail_where_it_does_not_count(tmp_path, monkeypatch, capsys):

@@ -182,7 +182,8 @@ def test_auto_repeats_stop_when_out_of_the_noise_or_out_of_budget():
     assert "budget of 3 triples" in auto_decision(3, 0.9, 1.5, 1.0, 10, 3, None)["why"]
     timed = auto_decision(2, 0.9, 1.5, 1.0, 61, 5, 60)
     assert timed["stop"] is True and "budget of 60 s" in timed["why"]
-    loaded = auto_decision(1, 0.9, 1.5, 1.0, 10, 5, None, {"B": ["inconclusive: launch B shared the machine"]})
+    reasons = {"B": [{"text": "inconclusive: launch B shared the machine"}]}
+    loaded = auto_decision(1, 0.9, 1.5, 1.0, 10, 5, None, reasons)
     assert loaded["stop"] is True and loaded["loaded"] == ["B"] and loaded["why"].startswith("inconclusive: launch B")
 
 

@@ -120,10 +120,6 @@ def pair_settings(config: dict[str, Any], directory: Path | None = None) -> tupl
     return merged, ""
 
 
-def pair_problems(config: dict[str, Any], directory: Path | None = None) -> str:
-    return pair_settings(config, directory)[1]
-
-
 def cmd_run(args: argparse.Namespace, rest: list[str]) -> int:
     return snakemake(args.targets + rest, args.configfile, args.cores, args.dry_run)
 

@@ -21,7 +21,7 @@ from workflow_src.speedup import LAUNCHES
 from workflow_src.speedup.paired import PairedError, compute
 from workflow_src.speedup.plan import auto_decision
 from workflow_src.speedup.steplog import StepLogError
-from workflow_src.speedup.verdict import loaded_launches
+from workflow_src.speedup.verdict import foreign_share_bound, loaded_launches
 
 FORMAT = "speedproof.auto-repeat/1"
 
@@ -55,8 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     except (PairedError, StepLogError, ValueError) as e:
         print(f"auto repeats {args.exp}: refused: {e}", file=sys.stderr)
         raise SystemExit(1) from None
-    share = args.foreign_share_max if args.foreign_share_max >= 0 else None
-    loaded = {name: [r["text"] for r in found] for name, found in loaded_launches(doc["launches"], share).items()}
+    loaded = loaded_launches(doc["launches"], foreign_share_bound(args.foreign_share_max))
     decision = auto_decision(len(triples), doc["noise"]["headline_ab_gap"], doc["headline"]["ratio"],
                              args.noise_margin, elapsed_s(doc), args.max_triples, args.max_seconds, loaded)
     atomic_write_json(args.out, {"format": FORMAT, "experiment": args.exp, **decision})

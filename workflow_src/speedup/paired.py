@@ -39,7 +39,13 @@ from workflow_src.speedup import LAUNCHES, MODES, PREDECESSOR, launch_name, pars
 from workflow_src.speedup.launch import META_FILE, finished_launch, not_later, same_clock
 from workflow_src.speedup.plan import SIDE
 from workflow_src.speedup.steplog import STEPS_FILE, StepLog, StepLogError, read_steps
-from workflow_src.speedup.verdict import bitwise_reason, foreign_load_reasons, noise_reason, verdict
+from workflow_src.speedup.verdict import (
+    bitwise_reason,
+    foreign_load_reasons,
+    foreign_share_bound,
+    noise_reason,
+    verdict,
+)
 from workflow_src.speedup.windows import (
     TABLE_HEADER,
     Window,
@@ -416,8 +422,7 @@ def main(argv: list[str] | None = None) -> None:
         doc = compute(args.exp, triples, args.warmup, args.windows, args.window_steps,
                       max_gap_s=args.max_gap_s if args.max_gap_s > 0 else None, noise_warn=args.noise_warn,
                       noise_margin=args.noise_margin,
-                      foreign_share_max=None if args.foreign_share_max is None or args.foreign_share_max < 0
-                      else args.foreign_share_max)
+                      foreign_share_max=foreign_share_bound(args.foreign_share_max))
     except (PairedError, StepLogError, ValueError) as e:
         print(f"paired speedup {args.exp}: refused: {e}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -40,13 +40,13 @@ def launch_names(triples: int) -> list[str]:
 
 def auto_decision(triples: int, gap: float, ratio: float, margin: float, elapsed_s: float,
                   max_triples: int, max_seconds: float | None,
-                  loaded: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
+                  loaded: Mapping[str, Sequence[Mapping[str, str]]] | None = None) -> dict[str, Any]:
     """After `triples` triples whose headline has `ratio` and an A-vs-B gap `gap` in its window: stop when the
     machine check made a launch inconclusive (`loaded`: each such launch's reasons; the verdict stays
     inconclusive whatever more triples show), the headline has left the noise, or a budget (triples, seconds
     since the first launch started) is spent; else run another triple. `why` says which."""
     loaded = loaded or {}
-    texts = [text for found in loaded.values() for text in found]
+    texts = [r["text"] for found in loaded.values() for r in found]
     if texts:
         more = f" (and {len(texts) - 1} more)" if len(texts) > 1 else ""
         stop, why = True, (f"{texts[0]}{more}: the verdict stays inconclusive whatever more triples show; run the "

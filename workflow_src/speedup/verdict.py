@@ -54,6 +54,12 @@ def _gpu_process(p: Mapping[str, Any]) -> str:
             f"{memory}, seen {p['first_seen_s']:.1f}–{p['last_seen_s']:.1f} s into the launch")
 
 
+def foreign_share_bound(value: float | None) -> float | None:
+    """A CLI's --foreign-share-max as the machine check's bound: None (no check) for a negative value, the plan's
+    -1 (speedup/plan.py, foreign_share_flag), or none given."""
+    return None if value is None or value < 0 else value
+
+
 def foreign_load_reasons(launches: Mapping[str, Mapping[str, Any]], max_share: float | None) -> list[dict[str, str]]:
     """The machine check (docs/protocol.md, One machine): each launch whose other processes used more than
     `max_share` of the machine's CPU time (its meta.json's machine.foreign_load), during which another process was
