@@ -255,5 +255,11 @@ def test_the_compiled_kernel_forms_the_same_weights():
             test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, 4096 + 5, 64, launch, device="cuda")
             if launch.split_k > 1:
                 test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(dtype, 4096, 256, launch, device="cuda")
+    if torch.cuda.get_device_capability()[0] == 9:  # the Gluon kernel: Hopper, bf16, whole words
+        for launch in map(SeededLaunch.parse, ("128/128/64/4/3/swap/tma/gluon", "128/128/64/8/4/tma/gluon",
+                                               "64/64/64/4/2/swap/tma/gluon")):
+            for k in (128, 256):
+                test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(torch.bfloat16, 4096, k, launch,
+                                                                                  device="cuda")
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         test_the_parts_are_added_in_their_order_and_rounded_once(dtype, device="cuda", interpret=False)

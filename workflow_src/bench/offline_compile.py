@@ -14,6 +14,9 @@ import tempfile
 from typing import Any
 
 _RESOURCES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)")
+# A SASS line's address, and a predicated branch's target.
+_ADDRESS = re.compile(r"\s+/\*([0-9a-f]{4,})\*/")
+_BRANCH = re.compile(r"@!?U?P\w+\s+BRA (0x[0-9a-f]+)")
 
 
 def tool(name: str) -> str:
@@ -61,3 +64,12 @@ def resources(compiled: Any) -> dict[str, int]:
     if m is None:
         raise ValueError("cuobjdump -res-usage printed no REG/STACK/SHARED line")
     return {"registers": int(m.group(1)), "stack_bytes": int(m.group(2)), "dynamic_shared_bytes": compiled.metadata.shared}
+
+
+def loops(sass: str) -> list[str]:
+    """The SASS lines of each loop: from the target of a predicated backward branch to that branch. Unpredicated
+    backward branches are returns from out-of-line code (a barrier's retry), not loops."""
+    lines = sass.splitlines()
+    at = {int(m.group(1), 16): i for i, line in enumerate(lines) if (m := _ADDRESS.match(line))}
+    return ["\n".join(lines[at[target]:i + 1]) for i, line in enumerate(lines)
+            if (m := _BRANCH.search(line)) and (target := int(m.group(1), 16)) in at and at[target] < i]

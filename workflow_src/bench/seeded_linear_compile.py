@@ -33,9 +33,6 @@ _SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*b
               "rows_ptr": "*i32", "seed_ptr": "*i64", "sigma_ptr": "*fp32", "words_ptr": "*i32", "words_stride": "i64",
               "N": "i32", "M_ROWS": "i32", "w_offset": "i64", "b_offset": "i64", "M_TILES": "i32"}
 _ALIGNED = ("x_ptr", "w_ptr", "b_ptr", "y_ptr", "row0_ptr", "rows_ptr", "seed_ptr", "sigma_ptr", "words_ptr", "N")
-# A SASS line's address, and a predicated branch's target.
-_ADDRESS = re.compile(r"\s+/\*([0-9a-f]{4,})\*/")
-_BRANCH = re.compile(r"@!?U?P\w+\s+BRA (0x[0-9a-f]+)")
 # A warpgroup dot whose first operand is a tensor in the dot-operand layout (registers), not a shared memory view.
 _REGISTER_A = re.compile(r"ttng\.warp_group_dot %\S+, .*: tensor<[^>]*#ttg\.dot_op<\{opIdx = 0")
 
@@ -45,6 +42,9 @@ def compile_launch(launch: sl.SeededLaunch, perturb: bool, k: int, arch: int = 9
     """The compiled kernel of `launch` for inputs of width k in `dtype` (bf16, fp16, fp32), forming the weights or
     not, with a bias (perturbed when the weights are) or not, the weight's offset in whole hash words or not, its
     word indices in 32 bits (a model's weights below 2**37 elements, as every Qwen2.5 shape) or not."""
+    if launch.gluon:  # bf16, whole words in 32 bits: all it takes (kernels/seeded_linear_gluon.py)
+        from workflow_src.kernels import seeded_linear_gluon
+        return seeded_linear_gluon.compile_offline(launch, perturb, k, arch, bias)
     kind = {"fp32": 0, "bf16": 1, "fp16": 2}[dtype]
     # a split launch's program sums one part of K (here its most parts') into fp32 partial sums; its loop's body
     # is the unsplit one's
@@ -81,24 +81,28 @@ def structure(compiled, perturb: bool) -> dict:
 
 
 def main_loop(sass: str) -> str:
-    """The SASS lines of a kernel's main loop: from the target of the predicated backward branch that spans the
-    most instructions to that branch (the K loop; what runs once per program stays outside). Unpredicated
-    backward branches are returns from out-of-line code (a barrier's retry), not loops."""
-    lines = sass.splitlines()
-    at = {int(m.group(1), 16): i for i, line in enumerate(lines) if (m := _ADDRESS.match(line))}
-    spans = [(i - at[target], at[target], i) for i, line in enumerate(lines)
-             if (m := _BRANCH.search(line)) and (target := int(m.group(1), 16)) in at and at[target] < i]
-    if not spans:
+    """The SASS lines of a kernel's main loop: the loop (offline_compile.loops) that spans the most instructions
+    (the K loop; what runs once per program stays outside)."""
+    found = offline_compile.loops(sass)
+    if not found:
         raise ValueError("no backward branch: the kernel has no loop (a narrow K's steps may be unrolled)")
-    _, first, last = max(spans)
-    return "\n".join(lines[first:last + 1])
+    return max(found, key=lambda body: body.count("\n"))
 
 
 def forming_cost(launch: sl.SeededLaunch, plain, formed) -> dict:
     """SASS instructions the forming adds per formed weight, by issue pipe (bench/sass_count.py's): the formed
     kernel's main loop less the plain one's, over the weights each thread forms per K step. Counted in the loop
     body alone: what is hoisted out of it (shift amounts, each row's first word) runs once a program, not once
-    a K step."""
+    a K step. A /gluon launch forms in a partition of its own: its forming warps' K loop (the one loop that
+    stores to shared memory), whole, over the weights each of them forms per K step; the wgmma warps add
+    nothing."""
+    if launch.gluon:
+        from workflow_src.kernels.seeded_linear_gluon import FORM_WARPS
+        sass = offline_compile.cuobjdump(formed.asm["cubin"], "-sass")
+        (loop,) = [body for body in offline_compile.loops(sass) if re.search(r"\bSTS\b", body)]
+        counts = sass_count.count(loop, launch.block_n * launch.block_k // (32 * FORM_WARPS))
+        return {"per_element": counts["per_element"],
+                "by_pipe": {k: v for k, v in counts["by_pipe"].items() if abs(v) >= 0.05}}
     per_thread = launch.block_n * launch.block_k / (32 * launch.num_warps)
     counts = [sass_count.count(main_loop(offline_compile.cuobjdump(c.asm["cubin"], "-sass")), 1)
               for c in (plain, formed)]

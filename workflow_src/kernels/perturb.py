@@ -71,10 +71,16 @@ def _fmix32(h):
     return h ^ (h >> 16)
 
 
+def _splat(like, value):
+    """uint32 `value` in the shape of `like`, built from `like` itself (a zero the compiler folds): tl.full would
+    need a layout under Gluon, whose kernels (kernels/seeded_linear_gluon.py) call these hash helpers too."""
+    return (like.to(tl.uint32) & 0) + value
+
+
 def _murmur3_key(key, seed):
     """MurmurHash3_x86_32 of int64 keys as 8 little-endian bytes with a uint32 seed, in uint32 (wrapping): the
     low word (truncation), then the high word, the key length, the finalizer."""
-    h = tl.full(key.shape, 0, tl.uint32) + seed
+    h = _splat(key, seed)
     for word in tl.static_range(2):
         h = _state_step(h ^ _key_mix((key >> (32 * word)).to(tl.uint32)))
     return _fmix32(h ^ 8)
@@ -83,8 +89,21 @@ def _murmur3_key(key, seed):
 def _murmur3_word(key, seed):
     """_murmur3_key's bits for keys below 2**32, given as uint32: their high word is zero, which _key_mix takes to
     zero, so its step is the state update alone and no 64-bit arithmetic forms the key."""
-    h = _state_step((tl.full(key.shape, 0, tl.uint32) + seed) ^ _key_mix(key))
+    h = _state_step(_splat(key, seed) ^ _key_mix(key))
     return _fmix32(_state_step(h) ^ 8)
+
+
+def _v2_flip(index, seed):
+    """The speedproof-v2 scheme's sign bit of R (bit 31 set where R = −1) of each element at int64 global
+    `index`, its own word hashed."""
+    return ((_murmur3_key(index >> 5, seed) >> (index & 31).to(tl.uint32)) & 1) << 31
+
+
+def _signed_sigma(t, sigma_bits):
+    """σ's bits with the sign flipped where bit 31 of t is set, as one LOP3 ((t & 2**31) ^ σ): ptxas compiles the
+    plain expression of a weight's sign to a shift, a multiply by 2**31 and a xor, one instruction more a weight."""
+    return tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x80000000, $2, 0x6A;", "=r,r,r",
+                                     [t, _splat(t, sigma_bits)], dtype=tl.uint32, is_pure=True, pack=1)
 
 
 def _reconstruct_body(base_ptr, target_ptr, n, offset, seed, sigma,
@@ -305,7 +324,7 @@ def _kernel(interpret: bool, body: str = "element"):
         raise ImportError("the perturb kernel needs triton (requirements.txt pins it)")
     body = _BODIES[body]
     # seed, offset, n and σ take any value: no recompilation per value (Triton would specialize on 1 and 16 | x)
-    (kernel,) = jit_in_mode(interpret, (body,), helpers=(_key_mix, _state_step, _fmix32, _murmur3_key, _seed_and_sigma_bits,
+    (kernel,) = jit_in_mode(interpret, (body,), helpers=(_key_mix, _state_step, _fmix32, _splat, _murmur3_key, _seed_and_sigma_bits,
                                                         _words_block),
                             do_not_specialize=("n", "offset", "seed", "sigma"))
     return kernel

@@ -38,7 +38,16 @@ try:
 except ImportError:  # pragma: no cover - the triton backend then raises
     triton = tl = TensorDescriptor = None
 
-from workflow_src.kernels.perturb import _fmix32, _key_mix, _murmur3_key, _murmur3_word, _state_step
+from workflow_src.kernels.perturb import (
+    _fmix32,
+    _key_mix,
+    _murmur3_key,
+    _murmur3_word,
+    _signed_sigma,
+    _splat,
+    _state_step,
+    _v2_flip,
+)
 from workflow_src.kernels.triton_common import (
     KIND,
     bits_view,
@@ -57,7 +66,7 @@ TRITON_SCHEMES = ("speedproof-v2",)
 WORD = 32  # elements per speedproof-v2 hash
 # Word indices of a tensor below this element index fit 32 bits: its hashes take 32-bit keys (_murmur3_word).
 WORD32_END = 2 ** 32 * WORD
-FLAGS = ("swap", "tma", "words", "ws")  # a launch's optional flags, in the order its string names them
+FLAGS = ("swap", "tma", "words", "ws", "gluon")  # a launch's optional flags, in the order its string names them
 # A /kN launch splits K while a linear's programs number fewer than this: about two an SM on the 132-SM cards we
 # are lent. A constant, not read from the card, so the parts (and with them the order of the sums) follow the
 # shapes and the launch alone, never the machine.
@@ -87,7 +96,12 @@ class SeededLaunch:
     (at 128 rows a seed, a 512-column linear is 8 column tiles) splits its K into up to `split_k` parts of whole
     tiles (`split_parts`), each part's program writing its fp32 partial sums, which are then added part after
     part in one fixed order and rounded once (`add_parts`): deterministic, and bit-equal run to run; the split
-    changes the order of the sums, as block_k does."""
+    changes the order of the sums, as block_k does. `gluon`: the explicitly warp-specialized Hopper kernel
+    (kernels/seeded_linear_gluon.py): a loader warp fills a ring of `num_stages` tile slots by TMA, four forming
+    warps form each seed's tile from the base tile in shared memory into a ring of formed tiles, and the launch's
+    warps issue wgmma on them, so the forming's ALU work runs while the tensor cores multiply the previous step;
+    it takes /tma, num_warps a multiple of 4, bf16, the weight at an offset of whole hash words whose indices fit
+    32 bits, and no /words, /ws or /kN (the same weights; its sums run in wgmma's order over BLOCK_K steps)."""
     block_m: int = 32
     block_n: int = 64
     block_k: int = 64
@@ -97,6 +111,7 @@ class SeededLaunch:
     tma: bool = False
     words: bool = False
     ws: bool = False
+    gluon: bool = False
     split_k: int = 1
 
     def __post_init__(self):
@@ -111,20 +126,24 @@ class SeededLaunch:
         if self.ws and (self.num_warps != 4 or not self.tma):
             raise ValueError(f"seeded linear: launch {self} is warp-specialized (/ws), which takes 4 warps and /tma "
                              "(Triton 3.6 partitions a 4-warp loop only, and fails to compile a pointer-fed one)")
+        if self.gluon and (not self.tma or self.ws or self.words or self.split_k > 1 or self.num_warps % 4):
+            raise ValueError(f"seeded linear: launch {self} is the Gluon kernel (/gluon), which takes /tma and whole "
+                             "warpgroups (num_warps a multiple of 4), and neither /words, /ws nor /kN: drop those")
         if not 1 <= self.split_k <= 64 or self.split_k & (self.split_k - 1):
             raise ValueError(f"seeded linear: split_k {self.split_k} must be a power of two from 1 to 64")
 
     @classmethod
     def parse(cls, value: str) -> "SeededLaunch":
-        """`block_m/block_n/block_k/num_warps/num_stages[/swap][/tma][/words][/ws][/kN]`, e.g. 64/128/64/8/3 or
-        128/128/64/4/4/swap/tma/k4."""
+        """`block_m/block_n/block_k/num_warps/num_stages[/swap][/tma][/words][/ws][/gluon][/kN]`, e.g. 64/128/64/8/3,
+        128/128/64/4/4/swap/tma/k4 or 128/128/64/4/3/swap/tma/gluon."""
         parts = value.split("/")
         flags = parts[5:]
         split = flags.pop() if flags and flags[-1][:1] == "k" and flags[-1][1:].isdigit() else "k1"
         if (len(parts) < 5 or not all(p.isdigit() for p in parts[:5]) or len(set(flags)) != len(flags)
                 or flags != [f for f in FLAGS if f in flags]):
             raise ValueError(f"seeded linear launch {value!r}: expected block_m/block_n/block_k/num_warps/"
-                             "num_stages[/swap][/tma][/words][/ws][/kN], e.g. 64/128/64/8/3 or 128/128/64/4/4/swap/tma/k4")
+                             "num_stages[/swap][/tma][/words][/ws][/gluon][/kN], e.g. 64/128/64/8/3, "
+                             "128/128/64/4/4/swap/tma/k4 or 128/128/64/4/3/swap/tma/gluon")
         return cls(*map(int, parts[:5]), **{f: f in flags for f in FLAGS}, split_k=int(split[1:]))
 
     def __str__(self) -> str:
@@ -203,6 +222,12 @@ def seeded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if scheme not in TRITON_SCHEMES:
         raise ValueError(f"seeded linear: the triton backend forms the {', '.join(TRITON_SCHEMES)} scheme's "
                          f"weights, not {scheme!r} (use backend reference)")
+    if launch.gluon:  # its own module: Gluon and its Hopper kernel are loaded only for a /gluon launch
+        _check_gluon(launch, x, weight, weight_offset, words, resolve_interpret(x, interpret))
+        from workflow_src.kernels import seeded_linear_gluon
+        return seeded_linear_gluon.launch(x, weight, bias, group_tables(groups, x.device),
+                                          triton.cdiv(max(g.rows for g in groups), launch.block_m), weight_offset,
+                                          bias_offset, launch)
     if launch.words:
         check_words(words, weight, groups, weight_offset)
     elif words is not None:
@@ -216,6 +241,27 @@ def whole_words(weight_offset: int | None, width: int) -> bool:
     """Whether a perturbed weight's rows are whole hash words (its offset and width multiples of 32), so a tile
     row of BLOCK_K weights takes BLOCK_K / 32 hashes and its words can be tabled."""
     return weight_offset is not None and weight_offset % WORD == 0 and width % WORD == 0
+
+
+def _check_gluon(launch: SeededLaunch, x: torch.Tensor, weight: torch.Tensor, weight_offset, words,
+                 interpret: bool) -> None:
+    """What a /gluon launch takes beyond what SeededLaunch checks, each refusal naming what to drop."""
+    if interpret or not x.is_cuda:
+        raise ValueError(f"seeded linear: launch {launch} (/gluon) runs compiled on a GPU only (Gluon has no "
+                         "interpreter); drop /gluon")
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"seeded linear: launch {launch} (/gluon) takes bf16 only, not {x.dtype}; drop /gluon")
+    if words is not None:
+        raise ValueError(f"seeded linear: launch {launch} (/gluon) hashes in the kernel; pass no table of words")
+    k = weight.shape[1]
+    if k % WORD:
+        raise ValueError(f"seeded linear: launch {launch} (/gluon) needs K ({k}) a multiple of {WORD}; drop /gluon")
+    if weight_offset is not None and (not whole_words(weight_offset, k) or weight_offset + weight.numel() > WORD32_END):
+        raise ValueError(f"seeded linear: launch {launch} (/gluon) forms weights at an offset of whole {WORD}-weight "
+                         f"words whose word indices fit 32 bits (offset {weight_offset}, {weight.numel()} weights); "
+                         "drop /gluon")
+    if torch.cuda.get_device_capability(x.device)[0] != 9:
+        raise ValueError(f"seeded linear: launch {launch} (/gluon) is a Hopper (sm_90a) kernel; drop /gluon")
 
 
 def _require_whole_words(weight: torch.Tensor, weight_offset: int | None) -> None:
@@ -248,18 +294,6 @@ def _reference_rows(x, weight, bias, g: SeedRows, weight_offset, bias_offset, sc
     w = weight if weight_offset is None else perturbed(weight, g.seed, g.sigma, weight_offset, scheme)
     b = bias if bias is None or bias_offset is None else perturbed(bias, g.seed, g.sigma, bias_offset, scheme)
     return F.linear(x, w, b)
-
-
-def _v2_flip(index, seed):
-    """R's sign bit (bit 31 set where R = −1) of each element at int64 global `index`, its own word hashed."""
-    return ((_murmur3_key(index >> 5, seed) >> (index & 31).to(tl.uint32)) & 1) << 31
-
-
-def _signed_sigma(t, sigma_bits):
-    """σ's bits with the sign flipped where bit 31 of t is set, as one LOP3 ((t & 2**31) ^ σ): ptxas compiles the
-    plain expression of a weight's sign to a shift, a multiply by 2**31 and a xor, one instruction more a weight."""
-    return tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x80000000, $2, 0x6A;", "=r,r,r",
-                                     [t, tl.zeros_like(t) + sigma_bits], dtype=tl.uint32, is_pure=True, pack=1)
 
 
 def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr, sigma_ptr, words_ptr, words_stride,
@@ -392,7 +426,7 @@ def _kernels(interpret: bool):
     if triton is None:
         raise ImportError("the seeded linear kernel needs triton (requirements.txt pins it)")
     return jit_in_mode(interpret, (_seeded_linear_body, _add_parts_body),
-                       helpers=(load_f32, widen_f32, round_to, store_rounded, _key_mix, _state_step, _fmix32,
+                       helpers=(load_f32, widen_f32, round_to, store_rounded, _key_mix, _state_step, _fmix32, _splat,
                                 _murmur3_key, _murmur3_word, _v2_flip, _signed_sigma),
                        do_not_specialize=("w_offset", "b_offset", "M_TILES", "words_stride", "M_ROWS", "count"))
 

@@ -108,12 +108,14 @@ TRITON_HELPERS = (widen_f32, load_f32, round_to, round_mid, store_rounded, exp_f
 
 
 
-def jit_in_mode(interpret: bool, bodies: tuple, helpers: tuple | None = None, do_not_specialize: tuple = ()) -> tuple:
+def jit_in_mode(interpret: bool, bodies: tuple, helpers: tuple | None = None, do_not_specialize: tuple = (),
+                decorator=None) -> tuple:
     """The kernel bodies jitted with TRITON_INTERPRET set to `interpret` (read at decoration), the helper
     functions they call jitted in the same mode: each mode gets its own copies, bound through a private
     globals dict, so interpreted and compiled kernels can live in one process (CPU tests beside GPU tests).
     `do_not_specialize` names the bodies' arguments Triton must not specialize on value (those a body lacks
-    are skipped)."""
+    are skipped). `decorator`: what jits the bodies (default triton.jit; gluon.jit for a Gluon kernel, whose
+    helpers, jitted by triton.jit, are compiled under the calling kernel's Gluon semantics)."""
     helpers = TRITON_HELPERS if helpers is None else helpers
     if triton is None:
         raise ImportError("the fused kernels need triton (requirements.txt pins it)")
@@ -125,20 +127,20 @@ def jit_in_mode(interpret: bool, bodies: tuple, helpers: tuple | None = None, do
         # per module that the jitted helpers are added to below.
         module_globals: dict[int, dict] = {}
 
-        def copy(fn, g, skip=()):
+        def copy(fn, g, skip=(), jit=None):
             new = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
             # The tl.constexpr annotations decide which arguments are compile-time constants.
             new.__annotations__ = dict(fn.__annotations__)
             new.__qualname__, new.__module__, new.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
             args = fn.__code__.co_varnames[:fn.__code__.co_argcount]
-            return triton.jit(new, do_not_specialize=[a for a in skip if a in args])
+            return (jit or triton.jit)(new, do_not_specialize=[a for a in skip if a in args])
 
         for h in helpers:  # names resolve when a kernel compiles (or runs, interpreted): after the updates
             g = module_globals.setdefault(id(h.__globals__), dict(h.__globals__))
             jitted[h.__name__] = copy(h, g)
         for g in module_globals.values():
             g.update(jitted)
-        return tuple(copy(b, {**b.__globals__, **jitted}, do_not_specialize) for b in bodies)
+        return tuple(copy(b, {**b.__globals__, **jitted}, do_not_specialize, decorator) for b in bodies)
     finally:
         if prev is None:
             del os.environ["TRITON_INTERPRET"]

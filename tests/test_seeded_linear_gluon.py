@@ -1,0 +1,120 @@
+"""The /gluon seeded linear (kernels/seeded_linear_gluon.py). On the CPU: it compiles for sm_90a without a GPU
+into a warp-specialized kernel (partitions with their own register budgets, the forming partition apart from the
+wgmma), and its launches are refused where it does not apply. On a Hopper GPU (marked gpu): the weights it forms
+are the reconstruct kernel's, bit for bit (read back through the identity, tests/test_seeded_linear.py), which is
+also what shows the Triton hash helpers compiled under Gluon agree with their Triton selves; and each seed's rows
+are F.linear on that seed's formed weights up to the order of the sums."""
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from workflow_src.bench import offline_compile
+from workflow_src.kernels.seeded_linear import SeededLaunch, SeedRows, perturbed, seeded_linear
+from workflow_src.kernels.seeded_linear_gluon import FORM_REGS, LOAD_REGS, compile_offline
+
+hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                            reason="needs a Hopper GPU")
+# the bench's launch shapes: 4-warp and 8-warp default partitions, either operand order, 3 and 4 stages
+LAUNCHES = [SeededLaunch.parse(v) for v in ("128/128/64/4/3/swap/tma/gluon", "128/128/64/4/3/tma/gluon",
+                                            "128/128/64/8/4/swap/tma/gluon", "64/128/64/4/4/swap/tma/gluon")]
+SMALL = SeededLaunch.parse("64/64/64/4/2/swap/tma/gluon")  # tiles that a K of 64 and 48 columns leave partial
+
+
+@pytest.mark.skipif(not offline_compile.available(), reason="needs Triton's bundled ptxas and cuobjdump")
+@pytest.mark.parametrize("perturb", [True, False], ids=["formed", "plain"])
+@pytest.mark.parametrize("launch", LAUNCHES, ids=str)
+def test_the_gluon_kernel_compiles_warp_specialized_for_hopper(launch, perturb):
+    """Compiled for sm_90a here, without a GPU: wgmma fed by TMA, the partitions' registers set apart (setmaxnreg:
+    the loader down to 24, the forming warps to their budget, the wgmma warps up), no spills; formed, the K loop
+    of the forming partition (the one loop storing to shared memory) holds the hash and the sign's LOP3 and no
+    wgmma, and the wgmma's loop no forming; plain, nothing is stored to shared memory in a loop."""
+    compiled = compile_offline(launch, perturb, k=3584)
+    ptx = compiled.asm["ptx"]
+    assert "ttg.warp_specialize" in compiled.asm["ttgir"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{LOAD_REGS};", ptx)
+    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{FORM_REGS};", ptx)
+    res = offline_compile.resources(compiled)
+    assert res["stack_bytes"] == 0, res
+    loops = offline_compile.loops(offline_compile.cuobjdump(compiled.asm["cubin"], "-sass"))
+    storing = [body for body in loops if re.search(r"\bSTS\b", body)]
+    multiplying = [body for body in loops if "HGMMA" in body]
+    assert len(multiplying) == 1
+    if perturb:
+        assert len(storing) == 1
+        assert "HGMMA" not in storing[0] and "FADD" in storing[0] and "LOP3.LUT" in storing[0]
+        assert "0x80000000" in storing[0]  # the sign's LOP3 (_signed_sigma), not the plain expression
+        assert not re.search(r"\bFADD\b", multiplying[0])
+    else:
+        assert storing == []
+
+
+def test_gluon_launches_are_refused_where_they_do_not_apply():
+    for bad, why in (("128/128/64/4/3/swap/gluon", "takes /tma"), ("128/128/64/2/3/swap/tma/gluon", "multiple of 4"),
+                     ("128/128/64/4/3/swap/tma/ws/gluon", "drop those"), ("128/128/64/4/3/tma/gluon/k4", "drop those"),
+                     ("128/128/64/4/3/tma/words/gluon", "drop those")):
+        with pytest.raises(ValueError, match=why):
+            SeededLaunch.parse(bad)
+    with pytest.raises(ValueError, match="/gluon"):
+        SeededLaunch.parse("128/128/64/4/3/gluon/tma")  # the flags' order is FLAGS'
+    assert str(SeededLaunch.parse("128/128/64/4/3/swap/tma/gluon")) == "128/128/64/4/3/swap/tma/gluon"
+    x, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(8, 64, dtype=torch.bfloat16)
+    groups = [SeedRows(0, 4, 1, 0.01)]
+    with pytest.raises(ValueError, match="GPU only"):  # no interpreter: a CPU tensor is refused before anything runs
+        seeded_linear(x, w, None, groups, 0, backend="triton", launch=LAUNCHES[0])
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("launch", LAUNCHES + [SMALL], ids=str)
+def test_the_gluon_kernel_forms_the_reconstruct_kernels_weights(launch):
+    """Through the identity, bit for bit, as tests/test_seeded_linear.py reads back the Triton kernel's: K of
+    whole words over one and several K steps, a column count that leaves a partial tile, a perturbed bias."""
+    from tests.test_seeded_linear import test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels as check
+    for k in (64, 256):
+        check(torch.bfloat16, 4096, k, launch, device="cuda")
+
+
+@pytest.mark.gpu
+@hopper
+def test_the_gluon_kernel_refuses_what_it_does_not_form():
+    x, w = torch.zeros(4, 64, device="cuda"), torch.zeros(8, 64, device="cuda")
+    groups = [SeedRows(0, 4, 1, 0.01)]
+    with pytest.raises(ValueError, match="bf16 only"):
+        seeded_linear(x, w, None, groups, 0, backend="triton", launch=SMALL)
+    x, w = x.bfloat16(), w.bfloat16()
+    with pytest.raises(ValueError, match="whole 32-weight words"):
+        seeded_linear(x, w, None, groups, 5, backend="triton", launch=SMALL)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        seeded_linear(x[:, :48], w[:, :48], None, groups, 0, backend="triton", launch=SMALL)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("launch", LAUNCHES + [SMALL], ids=str)
+def test_each_seeds_rows_are_its_own_linear_layer_under_gluon(launch):
+    """Each seed's rows, uneven groups (a row tile shared by two seeds, partial row and column tiles) with a
+    perturbed bias, against F.linear on that seed's formed weights and bias: equal up to bf16 rounding of sums
+    in another order (a few units in the last place of bf16); the control: another seed's weights are far off;
+    and the same bits on every run. Unperturbed weights pass through as they are."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    n, k = 200, 512
+    w0 = (torch.randn(n, k, generator=g, device="cuda") * 0.02).bfloat16()
+    b0 = (torch.randn(n, generator=g, device="cuda") * 0.02).bfloat16()
+    groups = [SeedRows(0, 130, 3, 0.01), SeedRows(130, 7, 4, 0.02), SeedRows(137, 64, 5, -0.01)]
+    x = (torch.randn(201, k, generator=g, device="cuda") * 0.5).bfloat16()
+    y = seeded_linear(x, w0, b0, groups, 4096, 9000, backend="triton", launch=launch)
+    assert torch.equal(seeded_linear(x, w0, b0, groups, 4096, 9000, backend="triton", launch=launch), y)
+    for gr in groups:
+        rows = slice(gr.row0, gr.row0 + gr.rows)
+        w = perturbed(w0, gr.seed, gr.sigma, 4096, "speedproof-v2")
+        b = perturbed(b0, gr.seed, gr.sigma, 9000, "speedproof-v2")
+        want = F.linear(x[rows].float(), w.float(), b.float())
+        torch.testing.assert_close(y[rows].float(), want, rtol=1.6e-2, atol=1e-3)
+        other = perturbed(w0, gr.seed + 100, gr.sigma, 4096, "speedproof-v2")
+        assert not torch.allclose(y[rows].float(), F.linear(x[rows].float(), other.float(), b.float()),
+                                  rtol=1.6e-2, atol=1e-3)
+    plain = seeded_linear(x, w0, b0, groups, None, None, backend="triton", launch=launch)
+    torch.testing.assert_close(plain.float(), F.linear(x.float(), w0.float(), b0.float()), rtol=1.6e-2, atol=1e-3)

@@ -1,0 +1,291 @@
+"""The seeded linear (kernels/seeded_linear.py) as an explicitly warp-specialized Hopper kernel in Gluon: the
+`/gluon` launch.
+
+Why: in the Triton kernel the warps that form a seed's weight tile (about nine instructions a weight, hash and
+sign and add and rounding) are the warps that issue the matrix instructions, so forming and the tensor cores take
+turns; Triton's own warp specialization (`/ws`) splits the loads from the rest, never the forming from the matrix
+work. Here each program (seed group, row tile, column tile) runs three partitions over one ring of K steps:
+
+- a loader warp: TMA copies of the rows' tile [BLOCK_M, BLOCK_K] and the base weight tile [BLOCK_N, BLOCK_K] into
+  a ring of `num_stages` shared-memory slots, each signalled on its own mbarrier;
+- FORM_WARPS forming warps: the base tile from shared memory into registers, the seed's tile formed with the
+  Triton kernel's arithmetic (its `_murmur3_word`, one 32-bit hash per 32 weights, `_signed_sigma`'s LOP3, one
+  fp32 add, round to nearest even), written to a ring of formed tiles in the NVMMA layout wgmma reads;
+- the launch's `num_warps` warps (the default partition): wgmma on (rows, formed tile) in fp32, one stage in
+  flight while the forming warps form the next, then the epilogue (the bias, perturbed as the Triton kernel's,
+  and the rounded store of this seed's rows).
+
+Scope (else ValueError): bf16, the weight perturbed at an offset of whole hash words with word indices in 32
+bits, K a multiple of 32, rows 16-byte aligned for the descriptors, no split K, no tables of words. Same weights
+as the Triton kernel's, bit for bit; its sums run in the wgmma's order over BLOCK_K-wide steps, as the Triton
+kernel's own /tma launches do, so a seed's rows may differ from theirs in the last bits. The hash helpers are the
+Triton kernel's own functions, compiled under Gluon; that they agree bit for bit is checked by the GPU test that
+reads the formed weights back through the identity (tests/test_seeded_linear_gluon.py), not on the CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+try:
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except ImportError:  # pragma: no cover - a /gluon launch then raises
+    triton = gluon = gl = None
+
+from workflow_src.kernels.perturb import (
+    _fmix32,
+    _key_mix,
+    _murmur3_key,
+    _murmur3_word,
+    _signed_sigma,
+    _splat,
+    _state_step,
+    _v2_flip,
+)
+from workflow_src.kernels.triton_common import jit_in_mode
+
+FORM_WARPS = 4  # one warp a scheduler: the forming's ALU work spread over the SM's four issue ports
+LOAD_REGS = 24  # the least a warp can be given: the loader holds scalars only
+FORM_REGS = 152  # a forming thread holds two words' 64 weights, base and formed, with the hash's temporaries
+
+
+def _load_partition(x_desc, w_desc, x_bufs, w_bufs, x_ready, w_ready, x_free, w_free, x_row, w_row, k_tiles):
+    # The weight tile first: the forming waits on it, the wgmma on the forming.
+    stages: gl.constexpr = x_bufs.shape[0]
+    block_k: gl.constexpr = x_desc.block_type.shape[1]
+    for i in range(k_tiles):
+        s = i % stages
+        phase = (i // stages) & 1
+        # a fresh mbarrier counts as its phase 1 done, so the first pass through the ring does not wait
+        mbarrier.wait(w_free.index(s), phase ^ 1)
+        mbarrier.expect(w_ready.index(s), w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(w_desc, [w_row, i * block_k], w_ready.index(s), w_bufs.index(s))
+        mbarrier.wait(x_free.index(s), phase ^ 1)
+        mbarrier.expect(x_ready.index(s), x_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(x_desc, [x_row, i * block_k], x_ready.index(s), x_bufs.index(s))
+
+
+def _form_partition(w_bufs, f_bufs, w_ready, w_free, f_ready, f_free, row_word0, words_per_row, seed, sigma_bits,
+                    k_tiles, PERTURB_W: gl.constexpr):
+    stages: gl.constexpr = w_bufs.shape[0]
+    block_n: gl.constexpr = w_bufs.shape[1]
+    block_k: gl.constexpr = w_bufs.shape[2]
+    words: gl.constexpr = block_k // 32
+    # A thread holds whole words (32 weights of one row): each word is hashed once, by the thread that uses it,
+    # and a weight's sign bit sits at a constant shift in its register.
+    tile: gl.constexpr = gl.BlockedLayout([1, 1, 32], [32, 1, 1], [gl.num_warps(), 1, 1], [2, 1, 0])
+    flat: gl.constexpr = gl.BlockedLayout([1, 32], [32, 1], [gl.num_warps(), 1], [1, 0])
+    word_of: gl.constexpr = gl.SliceLayout(2, tile)
+    rows = gl.arange(0, block_n, layout=gl.SliceLayout(1, word_of))
+    # each row's first word index, once: a K step adds its words in 32 bits (the Triton kernel's WORD32 path)
+    row_words = row_word0 + rows.to(gl.uint32) * words_per_row
+    word_at = gl.arange(0, words, layout=gl.SliceLayout(0, word_of)).to(gl.uint32)
+    bit = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, tile)))
+    to_sign = (31 - bit).to(gl.uint32)
+    for i in range(k_tiles * PERTURB_W):  # nothing perturbed: the wgmma reads the base tiles, this partition idles
+        s = i % stages
+        phase = (i // stages) & 1
+        mbarrier.wait(w_ready.index(s), phase)
+        w = w_bufs.index(s).load(flat)
+        # the slot's reads ordered before the loader's next TMA write into it
+        fence_async_shared()
+        mbarrier.arrive(w_free.index(s), count=1)
+        hw = _murmur3_word(row_words[:, None] + (i * words + word_at)[None, :], seed)
+        # weight j of a word is bit j of its hash, moved to bit 31
+        t = hw[:, :, None] << to_sign[None, None, :]
+        signed = _signed_sigma(t, sigma_bits)
+        signed = gl.convert_layout(gl.reshape(signed, [block_n, block_k]), flat, assert_trivial=True)
+        # σ·R is σ with its sign flipped where R = −1: exact, so one fp32 add and one rounding (to nearest
+        # even) give the reconstruct kernel's bits
+        w = (w.to(gl.float32) + signed.to(gl.float32, bitcast=True)).to(gl.bfloat16)
+        mbarrier.wait(f_free.index(s), phase ^ 1)
+        f_bufs.index(s).store(w)
+        # the generic-proxy stores made visible to the wgmma's async-proxy reads
+        fence_async_shared()
+        mbarrier.arrive(f_ready.index(s), count=1)
+
+
+def _mma_partition(x_bufs, f_bufs, x_ready, x_free, f_ready, f_free, k_tiles, acc_layout: gl.constexpr,
+                   SWAP: gl.constexpr):
+    # f_*: the formed tiles' ring, or, with nothing perturbed, the base tiles' own (the forming then idle)
+    stages: gl.constexpr = x_bufs.shape[0]
+    block_m: gl.constexpr = x_bufs.shape[1]
+    block_n: gl.constexpr = f_bufs.shape[1]
+    if SWAP:  # yᵀ = W_s · xᵀ: the formed tile as wgmma's A operand
+        acc = gl.zeros([block_n, block_m], gl.float32, acc_layout)
+    else:
+        acc = gl.zeros([block_m, block_n], gl.float32, acc_layout)
+    for i in range(k_tiles):
+        s = i % stages
+        phase = (i // stages) & 1
+        mbarrier.wait(x_ready.index(s), phase)
+        mbarrier.wait(f_ready.index(s), phase)
+        if SWAP:
+            acc = warpgroup_mma(f_bufs.index(s), x_bufs.index(s).permute((1, 0)), acc, is_async=True)
+        else:
+            acc = warpgroup_mma(x_bufs.index(s), f_bufs.index(s).permute((1, 0)), acc, is_async=True)
+        # one wgmma in flight: the previous step's is done, so its slots go back to the loader and the forming
+        acc = warpgroup_mma_wait(1, deps=[acc])
+        before = (i + stages - 1) % stages
+        mbarrier.arrive(x_free.index(before), count=1, pred=i > 0)
+        mbarrier.arrive(f_free.index(before), count=1, pred=i > 0)
+    acc = warpgroup_mma_wait(0, deps=[acc])
+    if SWAP:
+        acc = gl.permute(acc, (1, 0))
+    return (acc,)  # warp_specialize hands the default partition's results back as a tuple
+
+
+def _seeded_linear_gluon_body(x_desc, w_desc, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr, sigma_ptr, N, K, w_offset,
+                              b_offset, M_TILES, PERTURB_W: gl.constexpr, HAS_BIAS: gl.constexpr,
+                              PERTURB_B: gl.constexpr, SWAP: gl.constexpr, STAGES: gl.constexpr,
+                              FORM_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr, FORM_REGS: gl.constexpr):
+    # The Triton kernel's grid: axis 0 (seed group, row tile), fastest, so every seed's programs of one column
+    # tile run together and share the base tile through L2; axis 1 the column tile.
+    block_m: gl.constexpr = x_desc.block_type.shape[0]
+    block_k: gl.constexpr = x_desc.block_type.shape[1]
+    block_n: gl.constexpr = w_desc.block_type.shape[0]
+    group = gl.program_id(0) // M_TILES
+    tile_m = gl.program_id(0) % M_TILES
+    rows = gl.load(rows_ptr + group)
+    row0 = gl.load(row0_ptr + group)
+    seed = gl.load(seed_ptr + group).to(gl.uint32)
+    sigma_bits = gl.load(sigma_ptr + group).to(gl.uint32, bitcast=True)
+    # a row tile past this seed's rows has nothing to do: no K steps, and its store is masked off
+    k_tiles = gl.where(tile_m * block_m < rows, gl.cdiv(K, block_k), 0)
+    n0 = gl.program_id(1) * block_n
+
+    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, block_m, block_k], x_desc.layout)
+    w_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, block_n, block_k], w_desc.layout)
+    f_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, block_n, block_k], w_desc.layout)
+    x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    w_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    f_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    x_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    w_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    f_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(x_ready.index(s), count=1)
+        mbarrier.init(w_ready.index(s), count=1)
+        mbarrier.init(f_ready.index(s), count=1)
+        mbarrier.init(x_free.index(s), count=1)
+        mbarrier.init(w_free.index(s), count=1)
+        mbarrier.init(f_free.index(s), count=1)
+    fence_async_shared()
+
+    if SWAP:
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                             instr_shape=[16, block_m, 16])
+    else:
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                             instr_shape=[16, block_n, 16])
+    row_word0 = ((w_offset >> 5) + n0.to(gl.int64) * (K // 32)).to(gl.uint32)
+    if PERTURB_W:
+        b_bufs = f_bufs
+        b_ready = f_ready
+        b_free = f_free
+    else:  # the wgmma reads the base tiles as they came
+        b_bufs = w_bufs
+        b_ready = w_ready
+        b_free = w_free
+    (acc,) = gl.warp_specialize([
+        (_mma_partition, (x_bufs, b_bufs, x_ready, x_free, b_ready, b_free, k_tiles, acc_layout, SWAP)),
+        (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, x_ready, w_ready, x_free, w_free,
+                           row0 + tile_m * block_m, n0, k_tiles)),
+        (_form_partition, (w_bufs, f_bufs, w_ready, w_free, f_ready, f_free, row_word0, (K // 32).to(gl.uint32),
+                           seed, sigma_bits, k_tiles, PERTURB_W)),
+    ], [1, FORM_WARPS], [LOAD_REGS, FORM_REGS])
+
+    out: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    acc = gl.convert_layout(acc, out)
+    rm = tile_m * block_m + gl.arange(0, block_m, layout=gl.SliceLayout(1, out))
+    rn = n0 + gl.arange(0, block_n, layout=gl.SliceLayout(0, out))
+    n_ok = rn < N
+    if HAS_BIAS:
+        b = gl.load(b_ptr + rn, mask=n_ok, other=0.0).to(gl.float32)
+        if PERTURB_B:  # the bias's offset need not be whole words: each element hashes its own word, in 64 bits
+            flip = _v2_flip(b_offset + rn.to(gl.int64), seed)
+            b = (b + (sigma_bits ^ flip).to(gl.float32, bitcast=True)).to(gl.bfloat16).to(gl.float32)
+        acc = acc + b[None, :]
+    at = y_ptr + (row0 + rm).to(gl.int64)[:, None] * N + rn[None, :]
+    gl.store(at, acc.to(gl.bfloat16), mask=(rm < rows)[:, None] & n_ok[None, :])
+
+
+HELPERS = (_key_mix, _state_step, _fmix32, _splat, _murmur3_key, _murmur3_word, _v2_flip, _signed_sigma,
+           _load_partition, _form_partition, _mma_partition)
+
+
+@functools.cache
+def kernel():
+    """The Gluon kernel; its partitions and the Triton kernel's hash helpers are jitted as helpers, which Triton
+    compiles under the calling kernel's Gluon semantics."""
+    if gluon is None:
+        raise ImportError("the /gluon seeded linear needs triton with Gluon (requirements.txt pins 3.6)")
+    (body,) = jit_in_mode(False, (_seeded_linear_gluon_body,), helpers=HELPERS,
+                          do_not_specialize=("w_offset", "b_offset", "M_TILES"), decorator=gluon.jit)
+    return body
+
+
+def shared_layout(rows: int, block_k: int):
+    """The NVMMA shared layout of a [rows, block_k] bf16 tile: TMA writes it and wgmma reads it."""
+    return gl.NVMMASharedLayout.get_default_for([rows, block_k], gl.bfloat16)
+
+
+def launch(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, launch) -> torch.Tensor:
+    """y of kernels/seeded_linear.py's seeded_linear through the Gluon kernel, the checks made there: `tables`
+    its group_tables (row0, rows, seed, σ of each group), `m_tiles` the row tiles of the largest group."""
+    M, K = x.shape
+    N = weight.shape[0]
+    x, weight = x.contiguous(), weight.contiguous()
+    for name, t in (("input", x), ("weight", weight)):
+        if (t.shape[1] * t.element_size()) % 16 or t.data_ptr() % 16:
+            raise ValueError(f"seeded linear: launch {launch} reads the {name} through a tensor descriptor, which "
+                             f"needs 16-byte aligned rows (width {t.shape[1]}, address {t.data_ptr():#x}); drop /gluon")
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    x_desc = TensorDescriptor.from_tensor(x, [launch.block_m, launch.block_k],
+                                          shared_layout(launch.block_m, launch.block_k))
+    w_desc = TensorDescriptor.from_tensor(weight, [launch.block_n, launch.block_k],
+                                          shared_layout(launch.block_n, launch.block_k))
+    grid = (len(tables[0]) * m_tiles, triton.cdiv(N, launch.block_n))
+    kernel()[grid](x_desc, w_desc, bias if bias is not None else x, y, *tables, N, K, weight_offset or 0,
+                   bias_offset or 0, m_tiles, PERTURB_W=weight_offset is not None, HAS_BIAS=bias is not None,
+                   PERTURB_B=bias is not None and bias_offset is not None, SWAP=launch.swap, STAGES=launch.num_stages,
+                   FORM_WARPS=FORM_WARPS, LOAD_REGS=LOAD_REGS, FORM_REGS=FORM_REGS, num_warps=launch.num_warps)
+    return y
+
+
+def compile_offline(launch, perturb: bool, k: int, arch: int = 90, bias: bool = False):
+    """The kernel of `launch` compiled for compute capability `arch` without a GPU (Triton's own compiler and
+    bundled ptxas), for inputs of width k, forming the weights or not, with a bias (perturbed when the weights
+    are) or not: what a launch on the GPU would compile, to be read (its PTX, SASS, registers)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    fn = kernel()
+    tiles = {"x_desc": (launch.block_m, launch.block_k), "w_desc": (launch.block_n, launch.block_k)}
+    signature = {name: f"tensordesc<bf16[{r}, {c}],{shared_layout(r, c)!r}>" for name, (r, c) in tiles.items()}
+    signature.update({"b_ptr": "*bf16", "y_ptr": "*bf16", "row0_ptr": "*i32", "rows_ptr": "*i32", "seed_ptr": "*i64",
+                      "sigma_ptr": "*fp32", "N": "i32", "K": "i32", "w_offset": "i64", "b_offset": "i64",
+                      "M_TILES": "i32"})
+    constexprs = {"PERTURB_W": perturb, "HAS_BIAS": bias, "PERTURB_B": bias and perturb, "SWAP": launch.swap,
+                  "STAGES": launch.num_stages, "FORM_WARPS": FORM_WARPS, "LOAD_REGS": LOAD_REGS,
+                  "FORM_REGS": FORM_REGS}
+    signature.update(dict.fromkeys(constexprs, "constexpr"))
+    names = fn.arg_names
+    # as a launch specializes them: the pointers 16-byte aligned, N and K multiples of 16
+    aligned = ("b_ptr", "y_ptr", "row0_ptr", "rows_ptr", "seed_ptr", "sigma_ptr", "N") + (("K",) if k % 16 == 0 else ())
+    source = GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constexprs.items()},
+                            {(names.index(a),): [["tt.divisibility", 16]] for a in aligned})
+    target = GPUTarget("cuda", arch, 32)
+    options = triton.compiler.make_backend(target).parse_options({"num_warps": launch.num_warps})
+    return triton.compile(source, target=target, options=options.__dict__)
