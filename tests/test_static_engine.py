@@ -13,6 +13,7 @@ from workflow_src.engine.attention import attention_backend
 from workflow_src.engine.hf import HFEngine
 from workflow_src.engine.static import StaticEngine
 from workflow_src.kernels.decode_attention import DEFAULT_LAUNCH, Launch
+from workflow_src.model import portable_matmul
 from workflow_src.tasks import synthetic_arithmetic as task
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -51,6 +52,16 @@ def test_answers_agree_with_hf_and_counts_match(model_and_tokenizer, prompts, hf
     assert counts["prompts"] == len(prompts) and counts["prompt_tokens"] == want_counts["generate"]["prompt_tokens"]
     if agreement == 1.0:
         assert counts["generated_tokens"] == want_counts["generate"]["generated_tokens"]
+
+
+def test_on_the_portable_path_the_slots_change_no_answer(model_and_tokenizer, prompts):
+    """The portable matrix products (model/portable_matmul.py) compute each row alone, so the embedded default's
+    1,024 slots give the answers 64 would (docs/randopt.md, The embedded default): every slot count, one at a time
+    to all prompts at once, the same tokens; refills and the compacted tail change which rows run together."""
+    model, tok = model_and_tokenizer
+    with portable_matmul.PortableMatmul():
+        answers = [StaticEngine(model, tok, slots).generate(prompts, 20) for slots in (1, 3, 8, len(prompts))]
+    assert all(a == answers[0] for a in answers[1:]), answers
 
 
 def test_repeatable_and_short_budgets(model_and_tokenizer, prompts):
