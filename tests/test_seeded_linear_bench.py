@@ -148,5 +148,5 @@ def test_the_short_preset_plans_its_four_launches(tmp_path):
                            str(tmp_path), "seeded_linear_bench", "--configfile", str(REPO / preset), "-n", "-p",
                            "--cores", "2"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert ("--launches 128/64/64/4/3/swap/tma 128/128/64/8/4/swap/tma 128/64/64/4/3/swap/tma/k8 "
-            "128/64/64/4/3/swap/tma/ws --repeats") in proc.stdout
+    assert ("--launches 128/64/64/4/3/swap/tma 128/128/64/8/4/swap/tma 128/128/64/8/4/swap/tma/k8 "
+            "128/128/64/8/4/swap/tma/gluon --repeats") in proc.stdout
