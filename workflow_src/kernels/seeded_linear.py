@@ -224,6 +224,8 @@ def seeded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                          f"weights, not {scheme!r} (use backend reference)")
     if launch.gluon:  # its own module: Gluon and its Hopper kernel are loaded only for a /gluon launch
         _check_gluon(launch, x, weight, weight_offset, words, resolve_interpret(x, interpret))
+        x, weight = x.contiguous(), weight.contiguous()
+        require_aligned_rows(launch, x, weight, "/gluon")
         from workflow_src.kernels import seeded_linear_gluon
         return seeded_linear_gluon.launch(x, weight, bias, group_tables(groups, x.device),
                                           triton.cdiv(max(g.rows for g in groups), launch.block_m), weight_offset,
@@ -501,15 +503,21 @@ def add_parts(partials: torch.Tensor, y: torch.Tensor, interpret: bool) -> None:
         HAND=interpret and KIND[y.dtype] == 1, INTERP=interpret, BLOCK=ADD_BLOCK)
 
 
+def require_aligned_rows(launch: SeededLaunch, x: torch.Tensor, weight: torch.Tensor, drop: str) -> None:
+    """What the bulk tensor copy engine needs of the rows and the weight a launch reads through tensor
+    descriptors: rows of whole, aligned 16-byte units; else a refusal naming the flag `drop` to drop."""
+    for name, t in (("input", x), ("weight", weight)):
+        if (t.shape[1] * t.element_size()) % 16 or t.data_ptr() % 16:
+            raise ValueError(f"seeded linear: launch {launch} reads the {name} through a tensor descriptor, which "
+                             f"needs 16-byte aligned rows (width {t.shape[1]}, {t.element_size()} bytes each, "
+                             f"address {t.data_ptr():#x}); drop {drop}")
+
+
 def _descriptors(x, weight, launch: SeededLaunch, interpret: bool):
     """Tensor descriptors of the rows' and the weight's tiles, after the checks the bulk tensor copy engine needs."""
     if not interpret and torch.cuda.get_device_capability(x.device)[0] < 9:
         raise ValueError(f"seeded linear: launch {launch} reads through tensor descriptors, which need a GPU of "
                          "compute capability 9 or more (Hopper); drop /tma")
-    for name, t in (("input", x), ("weight", weight)):
-        if (t.shape[1] * t.element_size()) % 16 or t.data_ptr() % 16:
-            raise ValueError(f"seeded linear: launch {launch} reads the {name} through a tensor descriptor, which "
-                             f"needs 16-byte aligned rows (width {t.shape[1]}, {t.element_size()} bytes each, "
-                             f"address {t.data_ptr():#x}); drop /tma")
+    require_aligned_rows(launch, x, weight, "/tma")
     return (TensorDescriptor.from_tensor(x, [launch.block_m, launch.block_k]),
             TensorDescriptor.from_tensor(weight, [launch.block_n, launch.block_k]))
