@@ -1,9 +1,11 @@
 """The /gluon seeded linear (kernels/seeded_linear_gluon.py). On the CPU: it compiles for sm_90a without a GPU
 into a warp-specialized kernel (partitions with their own register budgets, the forming partition apart from the
-wgmma), and its launches are refused where it does not apply. On a Hopper GPU (marked gpu): the weights it forms
+wgmma), with 4 or 8 forming warps (/f8) that split the weight tile rather than repeat it, and its launches are
+refused where it does not apply. On a Hopper GPU (marked gpu): the weights it forms
 are the reconstruct kernel's, bit for bit (read back through the identity, tests/test_seeded_linear.py), which is
 also what shows the Triton hash helpers compiled under Gluon agree with their Triton selves; and each seed's rows
 are F.linear on that seed's formed weights up to the order of the sums."""
+import dataclasses
 import re
 
 import pytest
@@ -11,14 +13,17 @@ import torch
 import torch.nn.functional as F
 
 from workflow_src.bench import offline_compile
+from workflow_src.bench.seeded_linear_compile import forming_cost
 from workflow_src.kernels.seeded_linear import SeededLaunch, SeedRows, perturbed, seeded_linear
 from workflow_src.kernels.seeded_linear_gluon import FORM_REGS, LOAD_REGS, compile_offline
 
 hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                             reason="needs a Hopper GPU")
-# the bench's launch shapes: 4-warp and 8-warp default partitions, either operand order, 3 and 4 stages
+# the bench's launch shapes: 4-warp and 8-warp default partitions, either operand order, 3 and 4 stages, 4 and 8
+# forming warps
 LAUNCHES = [SeededLaunch.parse(v) for v in ("128/128/64/4/3/swap/tma/gluon", "128/128/64/4/3/tma/gluon",
-                                            "128/128/64/8/4/swap/tma/gluon", "64/128/64/4/4/swap/tma/gluon")]
+                                            "128/128/64/8/4/swap/tma/gluon", "64/128/64/4/4/swap/tma/gluon",
+                                            "128/128/64/8/4/swap/tma/gluon/f8", "128/128/64/4/3/tma/gluon/f8")]
 SMALL = SeededLaunch.parse("64/64/64/4/2/swap/tma/gluon")  # tiles that a K of 64 and 48 columns leave partial
 
 
@@ -27,18 +32,22 @@ SMALL = SeededLaunch.parse("64/64/64/4/2/swap/tma/gluon")  # tiles that a K of 6
 @pytest.mark.parametrize("launch", LAUNCHES, ids=str)
 def test_the_gluon_kernel_compiles_warp_specialized_for_hopper(launch, perturb):
     """Compiled for sm_90a here, without a GPU: wgmma fed by TMA, the partitions' registers set apart (setmaxnreg:
-    the loader down to 24, the forming warps to their budget, the wgmma warps up), no spills; formed, the K loop
-    of the forming partition (the one loop storing to shared memory) holds the hash and the sign's LOP3 and no
-    wgmma, and the wgmma's loop no forming; plain, nothing is stored to shared memory in a loop."""
+    the loader down to 24, the forming warps to their budget, the wgmma warps up; kept by ptxas, which drops them
+    all where a partition's budget is short), no spills; formed, the K loop of the forming partition (the one loop
+    storing to shared memory) holds the hash and the sign's LOP3 and no wgmma, and the wgmma's loop no forming;
+    plain, nothing is stored to shared memory in a loop."""
     compiled = compile_offline(launch, perturb, k=3584)
     ptx = compiled.asm["ptx"]
     assert "ttg.warp_specialize" in compiled.asm["ttgir"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
     assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{LOAD_REGS};", ptx)
-    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{FORM_REGS};", ptx)
+    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{FORM_REGS[launch.form_warps]};", ptx)
     res = offline_compile.resources(compiled)
     assert res["stack_bytes"] == 0, res
-    loops = offline_compile.loops(offline_compile.cuobjdump(compiled.asm["cubin"], "-sass"))
+    sass = offline_compile.cuobjdump(compiled.asm["cubin"], "-sass")
+    assert "USETMAXREG.DEALLOC" in sass and "USETMAXREG.TRY_ALLOC" in sass
+    assert not re.search(r"\b(LDL|STL)\b", sass)  # no local memory: nothing spilled
+    loops = offline_compile.loops(sass)
     storing = [body for body in loops if re.search(r"\bSTS\b", body)]
     multiplying = [body for body in loops if "HGMMA" in body]
     assert len(multiplying) == 1
@@ -51,15 +60,45 @@ def test_the_gluon_kernel_compiles_warp_specialized_for_hopper(launch, perturb):
         assert storing == []
 
 
+@pytest.mark.skipif(not offline_compile.available(), reason="needs Triton's bundled ptxas and cuobjdump")
+@pytest.mark.parametrize("launch", [launch for launch in LAUNCHES if launch.form_warps == 8], ids=str)
+def test_eight_forming_warps_split_the_tile_rather_than_repeat_it(launch):
+    """/f8 spreads a 128-row tile's words over the warps past its rows: each forming thread forms half the weights
+    of /f4's, with the same instructions a weight (the K step's barriers spread over fewer weights), not twice as
+    many as warps that repeated /f4's rows would take."""
+    assert launch.form_split == (4, 2)
+    costs = [forming_cost(v, None, compile_offline(v, True, k=3584))["per_element"]
+             for v in (dataclasses.replace(launch, form_warps=4), launch)]
+    assert costs[1] < 1.2 * costs[0], costs
+
+
 def test_gluon_launches_are_refused_where_they_do_not_apply():
     for bad, why in (("128/128/64/4/3/swap/gluon", "takes /tma"), ("128/128/64/2/3/swap/tma/gluon", "multiple of 4"),
                      ("128/128/64/4/3/swap/tma/ws/gluon", "drop those"), ("128/128/64/4/3/tma/gluon/k4", "drop those"),
                      ("128/128/64/4/3/tma/words/gluon", "drop those")):
         with pytest.raises(ValueError, match=why):
             SeededLaunch.parse(bad)
+    # forming warps: the Gluon kernel's alone, 4 or 8, and as many words in a tile as forming threads
+    for bad, why in (("128/128/64/4/3/swap/tma/f8", "add /gluon or drop /f8"), ("128/128/64/4/3/f8", "drop /f8"),
+                     ("128/128/64/4/3/swap/tma/gluon/f2", r"\(4, 8\)"),
+                     ("128/128/64/4/3/swap/tma/gluon/f16", r"\(4, 8\)"),
+                     ("64/64/64/4/2/swap/tma/gluon/f8", "twice: widen block_n or block_k, or drop /f8"),
+                     ("128/128/32/8/3/swap/tma/gluon/f8", "twice"), ("64/16/128/4/2/tma/gluon", "twice"),
+                     ("64/64/32/4/2/swap/tma/gluon", "twice: widen block_n or block_k$")):
+        with pytest.raises(ValueError, match=why):
+            SeededLaunch.parse(bad)
+    for bad in ("128/128/64/4/3/swap/tma/f8/gluon", "128/128/64/8/4/swap/tma/gluon/k4/f8"):
+        with pytest.raises(ValueError, match=r"\[/gluon\]\[/fN\]\[/kN\]"):
+            SeededLaunch.parse(bad)
     with pytest.raises(ValueError, match="/gluon"):
         SeededLaunch.parse("128/128/64/4/3/gluon/tma")  # the flags' order is FLAGS'
     assert str(SeededLaunch.parse("128/128/64/4/3/swap/tma/gluon")) == "128/128/64/4/3/swap/tma/gluon"
+    f8 = SeededLaunch.parse("128/128/64/8/4/swap/tma/gluon/f8")
+    assert (f8.form_warps, f8.form_split, str(f8)) == (8, (4, 2), "128/128/64/8/4/swap/tma/gluon/f8")
+    # 4 is the default: named or not, one launch, written without it
+    assert SeededLaunch.parse("128/128/64/8/4/swap/tma/gluon/f4") == SeededLaunch.parse("128/128/64/8/4/swap/tma/gluon")
+    assert [SeededLaunch.parse(v).form_split for v in ("128/128/64/8/4/swap/tma/gluon", "64/64/64/4/2/swap/tma/gluon",
+                                                       "64/256/64/4/2/swap/tma/gluon/f8")] == [(4, 1), (2, 2), (8, 1)]
     x, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(8, 64, dtype=torch.bfloat16)
     groups = [SeedRows(0, 4, 1, 0.01)]
     with pytest.raises(ValueError, match="GPU only"):  # no interpreter: a CPU tensor is refused before anything runs

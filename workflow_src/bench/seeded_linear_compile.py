@@ -97,10 +97,9 @@ def forming_cost(launch: sl.SeededLaunch, plain, formed) -> dict:
     stores to shared memory), whole, over the weights each of them forms per K step; the wgmma warps add
     nothing."""
     if launch.gluon:
-        from workflow_src.kernels.seeded_linear_gluon import FORM_WARPS
         sass = offline_compile.cuobjdump(formed.asm["cubin"], "-sass")
         (loop,) = [body for body in offline_compile.loops(sass) if re.search(r"\bSTS\b", body)]
-        counts = sass_count.count(loop, launch.block_n * launch.block_k // (32 * FORM_WARPS))
+        counts = sass_count.count(loop, launch.block_n * launch.block_k // (32 * launch.form_warps))
         return {"per_element": counts["per_element"],
                 "by_pipe": {k: v for k, v in counts["by_pipe"].items() if abs(v) >= 0.05}}
     per_thread = launch.block_n * launch.block_k / (32 * launch.num_warps)

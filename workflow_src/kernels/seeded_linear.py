@@ -67,6 +67,9 @@ WORD = 32  # elements per speedproof-v2 hash
 # Word indices of a tensor below this element index fit 32 bits: its hashes take 32-bit keys (_murmur3_word).
 WORD32_END = 2 ** 32 * WORD
 FLAGS = ("swap", "tma", "words", "ws", "gluon")  # a launch's optional flags, in the order its string names them
+# The Gluon kernel's forming warps (/fN): 4, one a scheduler, spreads the forming's ALU work over the SM's four
+# issue ports; 8 gives each scheduler two forming warps to switch between while one waits on shared memory.
+FORM_WARPS = (4, 8)
 # A /kN launch splits K while a linear's programs number fewer than this: about two an SM on the 132-SM cards we
 # are lent. A constant, not read from the card, so the parts (and with them the order of the sums) follow the
 # shapes and the launch alone, never the machine.
@@ -97,11 +100,16 @@ class SeededLaunch:
     tiles (`split_parts`), each part's program writing its fp32 partial sums, which are then added part after
     part in one fixed order and rounded once (`add_parts`): deterministic, and bit-equal run to run; the split
     changes the order of the sums, as block_k does. `gluon`: the explicitly warp-specialized Hopper kernel
-    (kernels/seeded_linear_gluon.py): a loader warp fills a ring of `num_stages` tile slots by TMA, four forming
-    warps form each seed's tile from the base tile in shared memory into a ring of formed tiles, and the launch's
-    warps issue wgmma on them, so the forming's ALU work runs while the tensor cores multiply the previous step;
-    it takes /tma, num_warps a multiple of 4, bf16, the weight at an offset of whole hash words whose indices fit
-    32 bits, and no /words, /ws or /kN (the same weights; its sums run in wgmma's order over BLOCK_K steps)."""
+    (kernels/seeded_linear_gluon.py): a loader warp fills a ring of `num_stages` tile slots by TMA, `form_warps`
+    forming warps form each seed's tile from the base tile in shared memory into a ring of formed tiles, and the
+    launch's warps issue wgmma on them, so the forming's ALU work runs while the tensor cores multiply the previous
+    step; it takes /tma, num_warps a multiple of 4, bf16, the weight at an offset of whole hash words whose indices fit
+    32 bits, and no /words, /ws or /kN (the same weights; its sums run in wgmma's order over BLOCK_K steps).
+    `form_warps` (`/fN` after /gluon, N of FORM_WARPS; 4 unless named, and then not written): the Gluon kernel's
+    forming warps, a thread forming whole words of one row, the warps over rows (32 a warp) and then over a row's
+    words (`form_split`), so a tile must hold a word for every forming thread: block_n at least 32 and
+    block_n / 32 × block_k / 32 at least N (else the warps would form some weights twice); the weights are the
+    same for every N."""
     block_m: int = 32
     block_n: int = 64
     block_k: int = 64
@@ -113,6 +121,7 @@ class SeededLaunch:
     ws: bool = False
     gluon: bool = False
     split_k: int = 1
+    form_warps: int = 4
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -129,25 +138,47 @@ class SeededLaunch:
         if self.gluon and (not self.tma or self.ws or self.words or self.split_k > 1 or self.num_warps % 4):
             raise ValueError(f"seeded linear: launch {self} is the Gluon kernel (/gluon), which takes /tma and whole "
                              "warpgroups (num_warps a multiple of 4), and neither /words, /ws nor /kN: drop those")
+        if self.form_warps != 4 and not self.gluon:
+            raise ValueError(f"seeded linear: launch {self} names forming warps (/f{self.form_warps}), which only the "
+                             f"Gluon kernel has: add /gluon or drop /f{self.form_warps}")
+        if self.form_warps not in FORM_WARPS:
+            raise ValueError(f"seeded linear: launch {self} has {self.form_warps} forming warps; /fN takes N of "
+                             f"{FORM_WARPS}")
+        if self.gluon and (self.block_n < 32 or self.block_n // 32 * (self.block_k // WORD) < self.form_warps):
+            raise ValueError(f"seeded linear: launch {self}'s {self.form_warps} forming warps (32 rows a warp, whole "
+                             f"{WORD}-weight words a thread) would form weights of its {self.block_n}×{self.block_k} "
+                             "weight tile twice: widen block_n or block_k"
+                             + (f", or drop /f{self.form_warps}" if self.form_warps != 4 else ""))
         if not 1 <= self.split_k <= 64 or self.split_k & (self.split_k - 1):
             raise ValueError(f"seeded linear: split_k {self.split_k} must be a power of two from 1 to 64")
 
+    @property
+    def form_split(self) -> tuple[int, int]:
+        """The Gluon kernel's forming warps over a weight tile's rows and over its words: the rows' 32-row slices
+        first, the rest of the warps over each row's words."""
+        rows = min(self.form_warps, self.block_n // 32)
+        return rows, self.form_warps // rows
+
     @classmethod
     def parse(cls, value: str) -> "SeededLaunch":
-        """`block_m/block_n/block_k/num_warps/num_stages[/swap][/tma][/words][/ws][/gluon][/kN]`, e.g. 64/128/64/8/3,
-        128/128/64/4/4/swap/tma/k4 or 128/128/64/4/3/swap/tma/gluon."""
+        """`block_m/block_n/block_k/num_warps/num_stages[/swap][/tma][/words][/ws][/gluon][/fN][/kN]`, e.g.
+        64/128/64/8/3, 128/128/64/4/4/swap/tma/k4, 128/128/64/4/3/swap/tma/gluon or
+        128/128/64/8/4/swap/tma/gluon/f8."""
         parts = value.split("/")
         flags = parts[5:]
         split = flags.pop() if flags and flags[-1][:1] == "k" and flags[-1][1:].isdigit() else "k1"
+        form = flags.pop() if flags and flags[-1][:1] == "f" and flags[-1][1:].isdigit() else "f4"
         if (len(parts) < 5 or not all(p.isdigit() for p in parts[:5]) or len(set(flags)) != len(flags)
                 or flags != [f for f in FLAGS if f in flags]):
             raise ValueError(f"seeded linear launch {value!r}: expected block_m/block_n/block_k/num_warps/"
-                             "num_stages[/swap][/tma][/words][/ws][/gluon][/kN], e.g. 64/128/64/8/3, "
-                             "128/128/64/4/4/swap/tma/k4 or 128/128/64/4/3/swap/tma/gluon")
-        return cls(*map(int, parts[:5]), **{f: f in flags for f in FLAGS}, split_k=int(split[1:]))
+                             "num_stages[/swap][/tma][/words][/ws][/gluon][/fN][/kN], e.g. 64/128/64/8/3, "
+                             "128/128/64/4/4/swap/tma/k4 or 128/128/64/8/4/swap/tma/gluon/f8")
+        return cls(*map(int, parts[:5]), **{f: f in flags for f in FLAGS}, split_k=int(split[1:]),
+                   form_warps=int(form[1:]))
 
     def __str__(self) -> str:
-        tail = "".join(f"/{f}" for f in FLAGS if getattr(self, f)) + (f"/k{self.split_k}" if self.split_k > 1 else "")
+        tail = ("".join(f"/{f}" for f in FLAGS if getattr(self, f)) + (f"/f{self.form_warps}" if self.form_warps != 4
+                else "") + (f"/k{self.split_k}" if self.split_k > 1 else ""))
         return f"{self.block_m}/{self.block_n}/{self.block_k}/{self.num_warps}/{self.num_stages}{tail}"
 
 

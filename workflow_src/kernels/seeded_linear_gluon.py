@@ -8,9 +8,10 @@ work. Here each program (seed group, row tile, column tile) runs three partition
 
 - a loader warp: TMA copies of the rows' tile [BLOCK_M, BLOCK_K] and the base weight tile [BLOCK_N, BLOCK_K] into
   a ring of `num_stages` shared-memory slots, each signalled on its own mbarrier;
-- FORM_WARPS forming warps: the base tile from shared memory into registers, the seed's tile formed with the
-  Triton kernel's arithmetic (its `_murmur3_word`, one 32-bit hash per 32 weights, `_signed_sigma`'s LOP3, one
-  fp32 add, round to nearest even), written to a ring of formed tiles in the NVMMA layout wgmma reads;
+- the launch's forming warps (4, or N with /fN): the base tile from shared memory into registers, the seed's tile
+  formed with the Triton kernel's arithmetic (its `_murmur3_word`, one 32-bit hash per 32 weights,
+  `_signed_sigma`'s LOP3, one fp32 add, round to nearest even), written to a ring of formed tiles in the NVMMA
+  layout wgmma reads;
 - the launch's `num_warps` warps (the default partition): wgmma on (rows, formed tile) in fp32, one stage in
   flight while the forming warps form the next, then the epilogue (the bias, perturbed as the Triton kernel's,
   and the rounded store of this seed's rows).
@@ -56,9 +57,13 @@ from workflow_src.kernels.perturb import (
 )
 from workflow_src.kernels.triton_common import jit_in_mode
 
-FORM_WARPS = 4  # one warp a scheduler: the forming's ALU work spread over the SM's four issue ports
 LOAD_REGS = 24  # the least a warp can be given: the loader holds scalars only
-FORM_REGS = 152  # a forming thread holds two words' 64 weights, base and formed, with the hash's temporaries
+# A forming thread's registers, by the launch's forming warps. At 4, a thread of a 128-row, 64-wide tile holds two
+# words' 64 weights, base and formed, with the hash's temporaries. At 8 it holds one word (under 60 registers in
+# its loop), and less is there to share: with 8 wgmma warps the CTA is 20 warps (the loader's warpgroup padded),
+# 96 registers a thread at launch, and the wgmma warps get what the forming and loading warpgroups leave, 128 at
+# 96 (72 at 152, too few for their accumulator: ptxas then drops every setmaxnreg).
+FORM_REGS = {4: 152, 8: 96}
 
 
 def _load_partition(x_desc, w_desc, x_bufs, w_bufs, x_ready, w_ready, x_free, w_free, x_row, w_row, k_tiles):
@@ -78,15 +83,18 @@ def _load_partition(x_desc, w_desc, x_bufs, w_bufs, x_ready, w_ready, x_free, w_
 
 
 def _form_partition(w_bufs, f_bufs, w_ready, w_free, f_ready, f_free, row_word0, words_per_row, seed, sigma_bits,
-                    k_tiles, PERTURB_W: gl.constexpr):
+                    k_tiles, PERTURB_W: gl.constexpr, ROW_WARPS: gl.constexpr):
     stages: gl.constexpr = w_bufs.shape[0]
     block_n: gl.constexpr = w_bufs.shape[1]
     block_k: gl.constexpr = w_bufs.shape[2]
     words: gl.constexpr = block_k // 32
     # A thread holds whole words (32 weights of one row): each word is hashed once, by the thread that uses it,
-    # and a weight's sign bit sits at a constant shift in its register.
-    tile: gl.constexpr = gl.BlockedLayout([1, 1, 32], [32, 1, 1], [gl.num_warps(), 1, 1], [2, 1, 0])
-    flat: gl.constexpr = gl.BlockedLayout([1, 32], [32, 1], [gl.num_warps(), 1], [1, 0])
+    # and a weight's sign bit sits at a constant shift in its register. The warps take 32 rows each; warps
+    # beyond the tile's rows / 32 take a row's words instead (SeededLaunch.form_split), where laid over the rows
+    # they would repeat other warps' rows, forming those weights twice.
+    word_warps: gl.constexpr = gl.num_warps() // ROW_WARPS
+    tile: gl.constexpr = gl.BlockedLayout([1, 1, 32], [32, 1, 1], [ROW_WARPS, word_warps, 1], [2, 1, 0])
+    flat: gl.constexpr = gl.BlockedLayout([1, 32], [32, 1], [ROW_WARPS, word_warps], [1, 0])
     word_of: gl.constexpr = gl.SliceLayout(2, tile)
     rows = gl.arange(0, block_n, layout=gl.SliceLayout(1, word_of))
     # each row's first word index, once: a K step adds its words in 32 bits (the Triton kernel's WORD32 path)
@@ -150,7 +158,8 @@ def _mma_partition(x_bufs, f_bufs, x_ready, x_free, f_ready, f_free, k_tiles, ac
 def _seeded_linear_gluon_body(x_desc, w_desc, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr, sigma_ptr, N, K, w_offset,
                               b_offset, M_TILES, PERTURB_W: gl.constexpr, HAS_BIAS: gl.constexpr,
                               PERTURB_B: gl.constexpr, SWAP: gl.constexpr, STAGES: gl.constexpr,
-                              FORM_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr, FORM_REGS: gl.constexpr):
+                              FORM_WARPS: gl.constexpr, ROW_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr,
+                              FORM_REGS: gl.constexpr):
     # The Triton kernel's grid: axis 0 (seed group, row tile), fastest, so every seed's programs of one column
     # tile run together and share the base tile through L2; axis 1 the column tile.
     block_m: gl.constexpr = x_desc.block_type.shape[0]
@@ -204,7 +213,7 @@ def _seeded_linear_gluon_body(x_desc, w_desc, b_ptr, y_ptr, row0_ptr, rows_ptr, 
         (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, x_ready, w_ready, x_free, w_free,
                            row0 + tile_m * block_m, n0, k_tiles)),
         (_form_partition, (w_bufs, f_bufs, w_ready, w_free, f_ready, f_free, row_word0, (K // 32).to(gl.uint32),
-                           seed, sigma_bits, k_tiles, PERTURB_W)),
+                           seed, sigma_bits, k_tiles, PERTURB_W, ROW_WARPS)),
     ], [1, FORM_WARPS], [LOAD_REGS, FORM_REGS])
 
     out: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
@@ -243,6 +252,12 @@ def shared_layout(rows: int, block_k: int):
     return gl.NVMMASharedLayout.get_default_for([rows, block_k], gl.bfloat16)
 
 
+def partition_constexprs(launch) -> dict:
+    """The forming and loading partitions' warps and registers of `launch`."""
+    return {"FORM_WARPS": launch.form_warps, "ROW_WARPS": launch.form_split[0], "LOAD_REGS": LOAD_REGS,
+            "FORM_REGS": FORM_REGS[launch.form_warps]}
+
+
 def launch(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, launch) -> torch.Tensor:
     """y of kernels/seeded_linear.py's seeded_linear through the Gluon kernel, the checks made there (x and weight
     contiguous, their rows aligned for the descriptors): `tables`
@@ -258,7 +273,7 @@ def launch(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, la
     kernel()[grid](x_desc, w_desc, bias if bias is not None else x, y, *tables, N, K, weight_offset or 0,
                    bias_offset or 0, m_tiles, PERTURB_W=weight_offset is not None, HAS_BIAS=bias is not None,
                    PERTURB_B=bias is not None and bias_offset is not None, SWAP=launch.swap, STAGES=launch.num_stages,
-                   FORM_WARPS=FORM_WARPS, LOAD_REGS=LOAD_REGS, FORM_REGS=FORM_REGS, num_warps=launch.num_warps)
+                   num_warps=launch.num_warps, **partition_constexprs(launch))
     return y
 
 
@@ -275,8 +290,7 @@ def compile_offline(launch, perturb: bool, k: int, arch: int = 90, bias: bool = 
                       "sigma_ptr": "*fp32", "N": "i32", "K": "i32", "w_offset": "i64", "b_offset": "i64",
                       "M_TILES": "i32"})
     constexprs = {"PERTURB_W": perturb, "HAS_BIAS": bias, "PERTURB_B": bias and perturb, "SWAP": launch.swap,
-                  "STAGES": launch.num_stages, "FORM_WARPS": FORM_WARPS, "LOAD_REGS": LOAD_REGS,
-                  "FORM_REGS": FORM_REGS}
+                  "STAGES": launch.num_stages, **partition_constexprs(launch)}
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     names = fn.arg_names
     # as a launch specializes them: the pointers 16-byte aligned, N and K multiples of 16
