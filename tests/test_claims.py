@@ -109,6 +109,18 @@ def test_a_population_decode_is_claimed_with_its_agreement_and_refused_where_its
     fl = bench["population"]["engines"]["static+seeds_per_step=2+continuous"]["floor"]
     assert step["repeats"] == 3 and step["unit"] == "ms" and f"its {fl['decode_steps']} decode steps" in step["what"]
     assert f"bound by {fl['decode_bound']}: weight reads" in step["what"]
+    # each run split at its phase boundaries: the decode's ms per step over the steps the engine launched, the
+    # prefills' seconds; the weight switch is one seed at a time's alone
+    for label in ("static", "static+seeds_per_step=2+continuous"):
+        runs = bench["population"]["engines"][label]["runs"]
+        decode = by_id[f"tiny.0.5B.{label}.population_decode_ms_per_step"]
+        assert decode["unit"] == "ms" and decode["values"] == [r["decode_ms_per_step"] for r in runs]
+        assert decode["values"] == pytest.approx([r["phase_seconds"]["decode"] / r["decode_steps"] * 1e3 for r in runs])
+        assert "prefills, setup, switches and grading excluded" in decode["what"]
+        prefill = by_id[f"tiny.0.5B.{label}.population_prefill_s"]
+        assert prefill["values"] == [r["phase_seconds"]["prefill"] for r in runs] and prefill["median"] > 0
+        assert (f"tiny.0.5B.{label}.population_switch_s" in by_id) == (label == "static")
+    assert by_id["tiny.0.5B.static.population_switch_s"]["median"] > 0
     share = by_id["tiny.0.5B.static+seeds_per_step=2+continuous.population_identical_share"]
     assert share["median"] == 1.0 and "2 seeds × 4 prompts" in share["what"] and "first differ" not in share["what"]
     agreement = bench["population"]["engines"]["static+seeds_per_step=2+continuous"]["agreement"]

@@ -100,6 +100,9 @@ def test_cross_field_problems_are_named_by_key_path():
                         "(evidence.engine_bench.seeds)"]
     # one seed at a time has nothing to compare: no population at all (the hf preset's seeds: 0) is fine
     assert problems({"evidence": {"engine_bench": {"seeds": 0}}}) == []
+    # the profile holds decode steps only: one new token is the prefill's alone
+    assert problems({"evidence": {"engine_bench": {"profile": 2}}}) == []
+    assert "evidence.engine_bench.profile: 1 new token" in problems({"evidence": {"engine_bench": {"profile": 1}}})[0]
 
 
 def test_comparison_settings_are_checked_against_the_rl_schema():

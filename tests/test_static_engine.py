@@ -291,6 +291,7 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
     for per_step, prof in zip((1, 2), doc["profile"].values()):
         assert prof["clock"] == "host" and prof["new_tokens"] == 3 and prof["total_ms"] > 0
         assert prof["seeds_per_step"] == per_step and prof["prompts"] == 4
+        assert prof["what"].startswith("decode steps only") and prof["decode_steps"] == 3  # tests/test_engine_phases.py
         assert prof["top"] and all(r["ms"] > 0 and r["calls"] >= 1 for r in prof["top"])
         assert any("linear" in r["op"] or "mm" in r["op"] for r in prof["top"])  # the GEMMs are in there
 

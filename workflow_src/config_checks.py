@@ -156,7 +156,8 @@ def external_problems(config: dict[str, Any]) -> list[str]:
 def evidence_problems(config: dict[str, Any]) -> list[str]:
     """The engine bench's population runs engines it also compares; hf's generate cannot end each completion at
     its own length, so it runs without a length model; several seeds per step are the static engine's, and
-    their agreement check compares seeds the population has. Seeded-linear launches are ones the kernel takes,
+    their agreement check compares seeds the population has; its profile, of decode steps only, needs tokens past
+    the prefill's. Seeded-linear launches are ones the kernel takes,
     and its bench compares S seeds with one."""
     from workflow_src.kernels.seeded_linear import SeededLaunch
 
@@ -188,6 +189,9 @@ def evidence_problems(config: dict[str, Any]) -> list[str]:
         problems.append(f"evidence.engine_bench.seeds_per_step: {max(bench['seeds_per_step'])} seeds per step is the "
                         f"static engine's population decode; {', '.join(several)} decode one seed at a time (set "
                         "population_engines to static ones)")
+    if bench["profile"] == 1:
+        problems.append("evidence.engine_bench.profile: 1 new token comes from the prefill alone, and the profile "
+                        "holds decode steps only: give 2 or more (or 0)")
     if max(bench["seeds_per_step"]) > 1 and bench["agreement"] > bench["seeds"]:
         problems.append(f"evidence.engine_bench.agreement: {bench['agreement']} seeds compared, but the population "
                         f"has {bench['seeds']} (evidence.engine_bench.seeds)")

@@ -20,12 +20,14 @@ shape's workload gets its roofline floor (`roofline.generation_work`, `roofline.
 the slower of the weights and KV cache they must read and their GEMM arithmetic, its prefill's arithmetic):
 each engine's `share_of_floor` is the floor's seconds over its own, and the population's is its seeds/s
 (after the first seed) over the floor's seeds/s.
-`--profile N` then profiles N new tokens of the static engine on the last shape with the torch profiler,
-eager (kernels inside a replayed CUDA graph are not attributed one by one), and records the ops that took the
-most device (CPU: host) time: where a decode step goes, as a guide to the next optimization. With a population
-of more than one seed per step it profiles the population decode at the largest S too (its first S seeds, N
-tokens each, one batch of prompts a seed): `profile` holds one table per engine, `static` and
-`static+seeds_per_step=S`.
+`--profile N` then profiles the decode steps of N new tokens of the static engine on the last shape with the
+torch profiler, eager (kernels inside a replayed CUDA graph are not attributed one by one), and records the ops
+that took the most device (CPU: host) time: where a decode step goes, as a guide to the next optimization. The
+prefill runs before the profiler starts (DecodeProfile), so its ops, which on a prompt of hundreds of tokens
+would outweigh a few steps', are not in the table. With a population of more than one seed per step it profiles
+the population decode at the largest S too (its first S seeds, N tokens each, one batch of prompts a seed):
+`profile` holds one table per engine, `static` and `static+seeds_per_step=S`, each with its `decode_steps` and
+`per_decode_step_ms`.
 `--engines` takes engine names, and `static:key=value,...` for the static engine with other options: `span=N`
 (span_bucket N; a huge N attends over the whole cache capacity), `fused=0|1`, `packed=0|1`, `attention=sdpa|triton`,
 `graphs=0|1`, `overlap=0|1` (whether a decode step is launched before the previous one's tokens are read),
@@ -39,6 +41,10 @@ weights for good: list engines that do not pack before those that do.
 slots then free and refill at ragged times, and the floor follows its slot schedule (roofline.ragged_generation_work).
 The population is timed on the RandOpt speedrun's clock (switch, generation and grading, wall clock), `--repeats`
 times, with the median and range; its completions are re-encoded to count their tokens after the clock stops.
+On the static engine each run is also split into phases (`phase_seconds`: the weight switch, the engine's setup of
+its decoder and KV cache, prefills, decode steps, the rest) by a PhaseClock that the bench and the engine mark at
+the phase boundaries only (on a GPU CUDA events, so no boundary synchronizes the device), with the decode's ms per
+step over the steps the engine launched (`decode_ms_per_step`) and each chunk's split (`chunk_phases`).
 `--agreement N` then checks each population decode (`--seeds-per-step` above 1) against one seed at a time: the
 first N seeds' completions against the single-seed engine's on the weights the Perturber writes for them (the
 share identical, and the token where each differing one first differs), and the weights formed in the first
@@ -62,7 +68,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from workflow_src.bench.roofline import ceilings, floor, generation_work, ragged_generation_work, together
 from workflow_src.checkpoints.random_init import tensor_seed
 from workflow_src.checkpoints.tokenizer import build_tokenizer
-from workflow_src.engine import ThroughputMeter, make_engine, memory
+from workflow_src.engine import DECODE, PREFILL, SETUP, PhaseClock, ThroughputMeter, make_engine, memory
 from workflow_src.engine.attention import attention_backend
 from workflow_src.engine.length_model import LengthModelError, parse
 from workflow_src.engine.perturber import Perturber
@@ -80,6 +86,11 @@ SHAPES = SHORT_NAMES
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
         "num_key_value_heads": 1, "vocab_size": 512, "max_position_embeddings": 512}
 ALPHABET_SPEC = {"operators": ["+", "-"]}
+# A population run's phases, in the order a seed meets them: one seed at a time's weight switch (the Perturber's
+# writes; several seeds per step form theirs inside the prefill's and decode's ops), the engine's decoder and KV
+# cache, prefills, decode steps, and the rest (grading, host work between them)
+SWITCH, REST = "switch", "rest"
+POPULATION_PHASES = (SWITCH, SETUP, PREFILL, DECODE, REST)
 
 
 @torch.no_grad()
@@ -209,8 +220,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="the population decode's seeded-linear launch on a GPU (kernels/seeded_linear.py)")
     parser.add_argument("--sigma", type=float, default=1e-3)
     parser.add_argument("--profile", type=int, default=0, metavar="N",
-                    help="profile N new tokens of the eager static engine on the last shape, and of its population "
-                         "decode at the largest --seeds-per-step above 1 (top ops by time)")
+                    help="profile the decode steps (the prefill left out) of N new tokens (N >= 2) of the eager static "
+                         "engine on the last shape, and of its population decode at the largest --seeds-per-step "
+                         "above 1 (top ops by time)")
     parser.add_argument("--determinism", choices=DETERMINISM, default="off",
                     help="the process's determinism settings (pin_determinism); the RandOpt workflow runs `torch`")
     parser.add_argument("--tiny", action="store_true")
@@ -224,6 +236,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--population-engines {args.population_engines} must be among --engines {args.engines}")
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
+    if args.profile == 1:
+        parser.error("--profile 1: the one new token comes from the prefill, no decode step to profile (give 2 or more)")
     if any(s < 1 for s in args.seeds_per_step):
         parser.error("--seeds-per-step takes counts >= 1")
     if max(args.seeds_per_step) > 1 and not 0 <= args.agreement <= args.seeds:
@@ -299,10 +313,43 @@ def main(argv: list[str] | None = None) -> None:
         json.dump(doc, f, indent=1)
 
 
+class DecodeProfile(PhaseClock):
+    """A phase hook that runs the torch profiler over the engine's first block of decode steps only: started
+    where the first step is launched, after the prefill before it has finished (the device synchronized), and
+    stopped, once the last step has finished, where the engine leaves the decode (another prefill, or the call's
+    end). Later blocks are not profiled; `profiled_steps` counts the steps inside."""
+
+    def __init__(self, profiler, sync):
+        super().__init__()
+        self.profiler, self.sync, self.state, self.profiled_steps = profiler, sync, "before", 0
+
+    def enter(self, name: str | None) -> None:
+        if name != self.current:
+            if name == DECODE and self.state == "before":
+                self.sync()
+                self.profiler.start()
+                self.state = "on"
+            elif self.state == "on":
+                self.finish()
+        super().enter(name)
+
+    def finish(self) -> None:
+        if self.state == "on":
+            self.sync()
+            self.profiler.stop()
+            self.state = "after"
+
+    def step(self, n: int = 1) -> None:
+        super().step(n)
+        if self.state == "on":
+            self.profiled_steps += n
+
+
 def profile_static(model, tok, a, prompts, sync, top: int = 25, per_step: int = 1) -> dict:
-    """The ops of `a.profile` eager static-engine tokens over one batch, by total self time (device time on a
-    GPU, host time on the CPU), with call counts; `per_step` above 1: the population decode of the first
-    `per_step` seeds, each over that batch, weights formed in each op (the bench's backend and launch)."""
+    """The ops of the decode steps of `a.profile` eager static-engine tokens over one batch (DecodeProfile: the
+    prefill left out), by total self time (device time on a GPU, host time on the CPU), with call counts;
+    `per_step` above 1: the population decode of the first `per_step` seeds, each over that batch, weights formed
+    in each op (the bench's backend and launch)."""
     from torch.profiler import ProfilerActivity, profile
 
     engine = StaticEngine(model, tok, a.batch * per_step, meter=ThroughputMeter(sync=sync), graphs=False,
@@ -319,9 +366,15 @@ def profile_static(model, tok, a, prompts, sync, top: int = 25, per_step: int = 
             engine.generate_population(batch, chunk, a.profile, weights)
     run()  # warm-up
     cuda = a.device == "cuda"
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
+    engine.phases = hook = DecodeProfile(prof, sync)
+    try:
         run()
-        sync()
+    finally:
+        hook.finish()
+        engine.phases = None
+    if hook.state == "before":
+        raise RuntimeError(f"profile: {a.profile} new tokens launched no decode step to profile")
     field = "self_device_time_total" if cuda else "self_cpu_time_total"
     ops = sorted((e for e in prof.key_averages() if getattr(e, field) > 0), key=lambda e: -getattr(e, field))
     total = sum(getattr(e, field) for e in ops)
@@ -329,9 +382,11 @@ def profile_static(model, tok, a, prompts, sync, top: int = 25, per_step: int = 
              "share": getattr(e, field) / total} for e in ops[:top]]
     for r in rows[:10]:
         print(f"profile S={per_step} {r['share']:6.1%} {r['ms']:10.2f} ms {r['calls']:7d}x {r['op'][:80]}", flush=True)
-    return {"new_tokens": a.profile, "prompts": len(batch), "seeds_per_step": per_step,
-            "clock": "device" if cuda else "host",
-            "total_ms": total / 1e3, "per_new_token_ms": total / 1e3 / a.profile, "top": rows}
+    return {"what": "decode steps only: the profiler runs from the first decode step's launch, after the prefill has "
+                    "finished, to the end of the last step",
+            "new_tokens": a.profile, "prompts": len(batch), "seeds_per_step": per_step,
+            "clock": "device" if cuda else "host", "decode_steps": hook.profiled_steps,
+            "total_ms": total / 1e3, "per_decode_step_ms": total / 1e3 / hook.profiled_steps, "top": rows}
 
 
 def population_weights(model, args) -> SeededWeights:
@@ -389,12 +444,19 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
     for per_step in args.seeds_per_step:
         for name in args.population_engines or args.engines:
             engine = bench_engine(name, model, tok, args.batch, ThroughputMeter(sync=sync), seeds_per_step=per_step)
+            # the hf engine marks no phases inside its calls: its runs are not split
+            clock = PhaseClock(device_events=args.device == "cuda") if isinstance(engine, StaticEngine) else None
+            if clock is not None:
+                engine.phases = clock
+            mark = clock.enter if clock is not None else (lambda name: None)
             chunks = [seeds[at:at + per_step] for at in range(0, len(seeds), per_step)]
             if per_step == 1:
                 perturber = perturber or Perturber(model)
 
                 def decode(chunk):
+                    mark(SWITCH)
                     perturber.apply(chunk[0], args.sigma)
+                    mark(REST)
                     return [engine.generate(prompts, args.new_tokens, lengths=draws[chunk[0]])]
                 label, scheme = name, perturber.scheme
             else:
@@ -413,7 +475,7 @@ def population(model, tok, args, prompts, prompt_tokens, sync, measured, length_
             own = [part["seconds"] / len(chunk) for part, chunk in zip(parts, chunks) for _ in chunk]  # seed's share
             completions: list = []
             timed = time_population(decode, chunks, grader, tok, own, floors, args.repeats, sync, label,
-                                    keep=completions)
+                                    keep=completions, clock=clock)
             steps = sum(w["decode_steps"] for w in schedule)
             for run in timed["runs"]:
                 run["seconds_per_decode_step"] = run["seconds"] / steps
@@ -496,22 +558,27 @@ def population_agreement(reference: dict, completions: list, tok) -> dict:
 
 
 def time_population(decode, chunks, grader, tok, floors, single_floors, repeats, sync, label,
-                    keep: list | None = None) -> dict:
+                    keep: list | None = None, clock: PhaseClock | None = None) -> dict:
     """`repeats` runs of `decode` (a chunk of seeds → each seed's completions) over every chunk, grading each
     completion; a seed's seconds are its chunk's over the chunk's seeds. After the first chunk, which also
     captures the new engine's graphs, seeds/s and its share of the floor's over the same seeds: `floors` (the
     schedule's own: several seeds per step read the weights once) and `single_floors` (one seed at a time).
-    `keep`: filled with the first run's completions, seed by seed."""
-    import statistics
+    `keep`: filled with the first run's completions, seed by seed. `clock`: the PhaseClock that `decode` and its
+    engine mark (run_phases)."""
     runs = []
     for _ in range(repeats):
         sync()
         marks, outputs = [time.perf_counter()], []
+        if clock is not None:
+            clock.reset()
+            clock.enter(REST)
         for chunk in chunks:
             per_seed = decode(chunk)
             sum(grader.grade(c, "0") for completions in per_seed for c in completions)
             sync()
             marks.append(time.perf_counter())
+            if clock is not None:
+                clock.lap()
             outputs += per_seed  # counted after the loop: re-encoding is not the sampling loop's work
         sync()
         if keep is not None and not runs:
@@ -530,13 +597,38 @@ def time_population(decode, chunks, grader, tok, floors, single_floors, repeats,
         else:  # one chunk: its graph capture counted, as its seeds/s counts it
             run["share_of_floor"] = run["seeds_per_s"] / (len(floors) / sum(floors))
             run["share_of_single_seed_floor"] = run["seeds_per_s"] / (len(single_floors) / sum(single_floors))
+        if clock is not None:
+            run.update(run_phases(clock))
         runs.append(run)
         print(f"population {label:>7}: {run['seeds_per_s']:.3f} seeds/s"
               + (f" ({run['seeds_per_s_after_first']:.3f} after the first chunk, {run['share_of_floor']:.0%} of the "
                  f"floor's)" if len(chunks) > 1 else ""), flush=True)
+        if clock is not None:
+            print(f"population {label:>7} phases: " + ", ".join(f"{p} {run['phase_seconds'][p]:.3f} s"
+                                                                  for p in POPULATION_PHASES)
+                  + f"; {run['decode_ms_per_step']:.3f} ms a decode step over {run['decode_steps']:,} steps", flush=True)
     key = "seeds_per_s_after_first" if all("seeds_per_s_after_first" in r for r in runs) else "seeds_per_s"
     values = [r[key] for r in runs]
-    return {"runs": runs, "statistic": key, "median": statistics.median(values), "min": min(values), "max": max(values)}
+    out = {"runs": runs, "statistic": key, "median": statistics.median(values), "min": min(values), "max": max(values)}
+    if clock is not None:
+        out["phase_seconds"] = {p: statistics.median(r["phase_seconds"][p] for r in runs) for p in POPULATION_PHASES}
+        out["decode_ms_per_step"] = statistics.median(r["decode_ms_per_step"] for r in runs)
+    return out
+
+
+def run_phases(clock: PhaseClock) -> dict:
+    """A timed run's split by its PhaseClock, read once the device is synchronized: each phase's seconds (every
+    phase of POPULATION_PHASES, 0 where the run never entered it; together they are the run's seconds), those of
+    each chunk with its decode steps, and the decode's ms per step (its seconds over the steps the engine launched:
+    prefills excluded, any graph capture and, with overlap, the step launched past each block's
+    end included)."""
+    def full(seconds: dict) -> dict:
+        return {p: seconds.get(p, 0.0) for p in POPULATION_PHASES}
+    seconds = full(clock.seconds())
+    return {"phase_seconds": seconds, "decode_steps": clock.steps,
+            "decode_ms_per_step": seconds[DECODE] / clock.steps * 1e3 if clock.steps else 0.0,
+            "chunk_phases": [{"phase_seconds": full(lap["phase_seconds"]), "decode_steps": lap["decode_steps"]}
+                             for lap in clock.laps()]}
 
 
 if __name__ == "__main__":

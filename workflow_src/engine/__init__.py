@@ -10,10 +10,14 @@ The interface and the throughput meter are in `engine/base.py`.
 from __future__ import annotations
 
 from workflow_src.engine.base import (
+    DECODE,
     DEFAULT_PHASE,
     PHASE_KEYS,
+    PREFILL,
+    SETUP,
     Engine,
     EngineNotBuilt,
+    PhaseClock,
     PhaseStats,
     ThroughputMeter,
     merge_throughput,
@@ -40,5 +44,5 @@ def make_engine(name: str, model, tokenizer, batch_size: int, meter: ThroughputM
     raise ValueError(f"unknown engine {name!r}; known: {list(ENGINES)}")
 
 
-__all__ = ["BUILT", "DEFAULT_PHASE", "ENGINES", "PHASE_KEYS", "Engine", "EngineNotBuilt", "PhaseStats",
-           "ThroughputMeter", "make_engine", "merge_throughput"]
+__all__ = ["BUILT", "DECODE", "DEFAULT_PHASE", "ENGINES", "PHASE_KEYS", "PREFILL", "SETUP", "Engine", "EngineNotBuilt",
+           "PhaseClock", "PhaseStats", "ThroughputMeter", "make_engine", "merge_throughput"]

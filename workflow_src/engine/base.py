@@ -18,6 +18,11 @@ Counting convention (the same for every backend, so records compare):
 Phases may nest; counts and seconds of an inner phase are then also part of every enclosing phase
 (so a record should not add up nested phases). Counts made while no phase is open go to the phase
 "generate", timed by the engine call itself.
+
+A `PhaseClock` splits a stretch of work (e.g. a RandOpt population's run) into phases that follow one another
+and never nest: its caller marks its own phases (`enter("switch")`), an engine that takes one (StaticEngine's
+`phases`) marks its prefills, decode steps and setup inside each call, and gives the caller's phase back at its
+end; every second between the first mark and the last belongs to exactly one phase.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from typing import Any, Protocol, runtime_checkable
 
 PHASE_KEYS = ("seconds", "prompts", "prompt_tokens", "generated_tokens")
 DEFAULT_PHASE = "generate"
+# the PhaseClock phases an engine marks: building its decoder (KV cache), prefills, decode steps
+SETUP, PREFILL, DECODE = "setup", "prefill", "decode"
 
 
 @dataclass
@@ -100,6 +107,74 @@ class ThroughputMeter:
 
     def to_dict(self) -> dict[str, dict[str, float | int]]:
         return {name: s.as_dict() for name, s in sorted(self.phases.items())}
+
+
+class PhaseClock:
+    """Seconds per phase from marks at the phase boundaries only, so a block of decode steps costs two marks,
+    not one per step, and decode steps counted as they are launched (`step`).
+
+    `device_events`: each mark is a CUDA event recorded on the current stream, not a host clock reading: a
+    boundary in the middle of overlapped work (a refill's prefill launched while the next decode step runs) then
+    costs no synchronize, which would stall the host and change what is timed, and the intervals between
+    events are the stream's own timeline (where the device waits on the host, the wait counts to the phase the
+    host is in). Read `seconds` only once the device has reached the last mark (synchronize first). Without
+    it (CPU work, which runs as the host calls it) each mark reads `clock`."""
+
+    def __init__(self, device_events: bool = False, clock: Callable[[], float] = time.perf_counter):
+        self.device_events, self.clock = device_events, clock
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every mark, lap and step; no phase is open."""
+        self.current: str | None = None
+        self.marks: list[tuple[str | None, Any]] = []  # (the phase that starts here, its time or event)
+        self.steps = 0
+        self._laps: list[tuple[int, int]] = []  # (the mark that ends a lap, steps by then)
+
+    def _stamp(self) -> Any:
+        if not self.device_events:
+            return self.clock()
+        import torch  # the CPU path needs no torch
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def enter(self, name: str | None) -> None:
+        """From now on the time is `name`'s (None: nobody's, the clock stands). Entering the open phase
+        marks nothing."""
+        if name != self.current:
+            self.marks.append((name, self._stamp()))
+            self.current = name
+
+    def step(self, n: int = 1) -> None:
+        """`n` decode steps were launched."""
+        self.steps += n
+
+    def lap(self) -> None:
+        """End a lap here (e.g. one chunk of seeds); the open phase goes on into the next."""
+        self.marks.append((self.current, self._stamp()))
+        self._laps.append((len(self.marks) - 1, self.steps))
+
+    def _between(self, a: Any, b: Any) -> float:
+        return a.elapsed_time(b) / 1e3 if self.device_events else b - a
+
+    def seconds(self, first: int = 0, last: int | None = None) -> dict[str, float]:
+        """Each phase's seconds between marks `first` and `last` (None: the latest); an open phase counts up to
+        the latest mark."""
+        marks = self.marks[first:None if last is None else last + 1]
+        out: dict[str, float] = {}
+        for (name, a), (_, b) in zip(marks, marks[1:]):
+            if name is not None:
+                out[name] = out.get(name, 0.0) + self._between(a, b)
+        return out
+
+    def laps(self) -> list[dict[str, Any]]:
+        """Per lap: its phases' seconds and the decode steps launched in it."""
+        out, first, steps = [], 0, 0
+        for mark, steps_by_then in self._laps:
+            out.append({"phase_seconds": self.seconds(first, mark), "decode_steps": steps_by_then - steps})
+            first, steps = mark, steps_by_then
+        return out
 
 
 def merge_throughput(parts: Sequence[dict[str, dict[str, Any]]]) -> dict[str, dict[str, float | int]]:

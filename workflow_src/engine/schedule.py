@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection
 
 import torch
 
+from workflow_src.engine.base import DECODE, PREFILL, PhaseClock
 from workflow_src.engine.decoder import SlotDecoder
 
 
@@ -42,11 +43,15 @@ class SlotSchedule:
     `lanes`: the slots fall into that many equal blocks, block b decoding items b·n … (b + 1)·n − 1 of
     `encoded` (n = len(encoded) / lanes) and no other (a population decode's seed blocks). No compaction with
     more than one lane: a block's slots stay its own. `admitted(length)` is called for each prompt prefilled;
-    `ended(item, tokens, stopped)` as each item's sequence ends (`stopped`: its last token is a stop token)."""
+    `ended(item, tokens, stopped)` as each item's sequence ends (`stopped`: its last token is a stop token).
+    `phases`: marked `prefill` where an admission starts and `decode` where a step is launched (a compaction and
+    the reading of steps belong to the decode), each step counted."""
 
     def __init__(self, decoder: SlotDecoder, encoded: list[list[int]], limits: list[int], stops: Collection[int],
-                 admitted: Callable[[int], None], ended: Callable[[int, list[int], bool], None], lanes: int = 1):
+                 admitted: Callable[[int], None], ended: Callable[[int, list[int], bool], None], lanes: int = 1,
+                 phases: PhaseClock | None = None):
         self.decoder, self.encoded, self.limits, self.stops = decoder, encoded, limits, stops
+        self.phases = phases
         self.on_admitted, self.on_ended, self.lanes = admitted, ended, lanes
         self.per_block, per_lane = decoder.slots // lanes, len(encoded) // lanes
         self.queues = [deque(range(b * per_lane, (b + 1) * per_lane)) for b in range(lanes)]
@@ -103,6 +108,8 @@ class SlotSchedule:
                  if self.queues[slot // self.per_block]]
         if not taken:
             return
+        if self.phases is not None:
+            self.phases.enter(PREFILL)
         slots, idx = [s for s, _ in taken], [i for _, i in taken]
         decoder.admitted(slots, idx)
         logits = decoder.prefill([self.encoded[i] for i in idx], slots)
@@ -124,6 +131,9 @@ class SlotSchedule:
 
     def launch(self) -> None:
         """Launch one step over the first `rows` slots; its tokens are copied to the host without waiting."""
+        if self.phases is not None:
+            self.phases.enter(DECODE)
+            self.phases.step()
         snapshot = [(slot, o) for slot, o in enumerate(self.owner) if o is not None]
         nxt = self.decoder.advance(max(self.where[s] for s, _ in snapshot), self.rows)
         for s, _ in snapshot:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from workflow_src.engine.base import DEFAULT_PHASE, ThroughputMeter
+from workflow_src.engine.base import DEFAULT_PHASE, SETUP, PhaseClock, ThroughputMeter
 from workflow_src.engine.decoder import ATTENTION, SlotDecoder
 from workflow_src.engine.population_decoder import PopulationDecoder
 from workflow_src.engine.schedule import SlotSchedule
@@ -45,7 +45,7 @@ class StaticEngine:
                  meter: ThroughputMeter | None = None, progress=None, graphs: bool = True, span_bucket: int = 128,
                  fused: bool | None = None, packed: bool | None = None, attention: str | None = None,
                  launch: Launch = DEFAULT_LAUNCH, overlap: bool = True, compact: bool | None = None,
-                 trim_prefill: bool | None = None, seeds_per_step: int = 1):
+                 trim_prefill: bool | None = None, seeds_per_step: int = 1, phases: PhaseClock | None = None):
         """`overlap`: launch each decode step before reading the previous one's tokens (engine/schedule.py; the same
         tokens). `compact`: once no prompt waits, the step runs over the live slots only (engine/schedule.py,
         "Ragged ends";
@@ -56,7 +56,9 @@ class StaticEngine:
         and on the CPU none of them and `sdpa` (the kernels would run in Triton's interpreter). Packing
         happens here, before anyone (a Perturber) holds the weights' storage.
         `seeds_per_step`: how many RandOpt seeds `generate_population` decodes together; each gets
-        batch_size / seeds_per_step of the slots."""
+        batch_size / seeds_per_step of the slots.
+        `phases`: a PhaseClock the engine marks inside each call (building a decoder: `setup`; prefills; decode
+        steps, each counted), giving its caller's phase back at the call's end; it adds no synchronize."""
         if batch_size < 1:
             raise ValueError(f"static engine: batch_size must be >= 1, got {batch_size}")
         if seeds_per_step < 1 or batch_size % seeds_per_step:
@@ -74,6 +76,7 @@ class StaticEngine:
         if self.attention not in ATTENTION:
             raise ValueError(f"static engine: attention {attention!r}; known: {list(ATTENTION)}")
         self.progress, self.graphs, self.launch, self.overlap = progress, graphs, launch, overlap
+        self.phases = phases
         self.compact = on_gpu if compact is None else compact
         self.trim_prefill = on_gpu if trim_prefill is None else trim_prefill
         if self.packed:
@@ -98,6 +101,7 @@ class StaticEngine:
         stop tokens: weights are read in place. Anything else replaces it (one KV cache at a time)."""
         old = self._decoder
         if old is None or old.capacity < capacity or old.slots != slots or old.stop_tokens != tuple(sorted(self.stops)):
+            self._mark(SETUP)
             self._decoder = old = None  # free the old cache before the new one is allocated
             self._decoder = SlotDecoder(self.model, slots, capacity, self.graphs, packed=self.packed,
                                         **self._decoder_options())
@@ -129,15 +133,32 @@ class StaticEngine:
         if not prompts:
             return []
         encoded, capacity = self._encoded_with_capacity(prompts, max_new_tokens)
-        decoder = self._decoder_for(capacity, slots)
+        with self._marking():
+            decoder = self._decoder_for(capacity, slots)
         with self._generating():
             limits = [max_new_tokens] * len(encoded) if lengths is None else list(lengths)
             return self._run(decoder, encoded, limits)
 
+    def _mark(self, name: str) -> None:
+        if self.phases is not None:
+            self.phases.enter(name)
+
+    @contextlib.contextmanager
+    def _marking(self):
+        """The phase clock back in its caller's phase at the end."""
+        before = None if self.phases is None else self.phases.current
+        try:
+            yield
+        finally:
+            if self.phases is not None:
+                self.phases.enter(before)
+
     @contextlib.contextmanager
     def _generating(self):
-        """The model in eval mode and the meter in a phase (the caller's, or the default) for one call."""
+        """The model in eval mode and the meter in a phase (the caller's, or the default) for one call; the phase
+        clock back in the caller's phase at the end."""
         with contextlib.ExitStack() as stack:
+            stack.enter_context(self._marking())
             if not self.meter.active:
                 stack.enter_context(self.meter.phase(DEFAULT_PHASE))
             was_training = self.model.training
@@ -182,6 +203,8 @@ class StaticEngine:
             for at in range(0, len(population), per_call):
                 chunk = list(population[at:at + per_call])
                 slots = self.batch_size if continuous else self.batch_size // self.seeds_per_step * len(chunk)
+                self._mark(SETUP)
+                decoder = None  # the last chunk's KV cache freed before the next one's is allocated
                 # the continuous schedule's seed groups change with each admission: a graph would rarely replay
                 decoder = PopulationDecoder(self.model, slots, chunk, len(encoded), capacity, weights,
                                             graphs=self.graphs and not continuous, **options)
@@ -204,7 +227,7 @@ class StaticEngine:
         and compaction; each completion's text (in prompt order) is decoded as its sequence ends (`_ended`)."""
         texts: dict[int, str] = {}
         schedule = SlotSchedule(decoder, encoded, limits, self.stops, admitted=self._admitted,
-                                ended=functools.partial(self._ended, texts), lanes=lanes)
+                                ended=functools.partial(self._ended, texts), lanes=lanes, phases=self.phases)
         schedule.run(self.overlap, self.compact)
         return [texts[i] for i in range(len(encoded))]
 

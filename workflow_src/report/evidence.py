@@ -8,7 +8,8 @@ and the provenance block every other artifact carries (docs/design.md §2). The 
         --claim engine-bench --command "snakemake --cores all engine_bench ..." --out results/evidence/engine-bench/record.json
 
 Kinds: `engine` (workflow_src/bench/engine.py's JSON): per shape and engine, generated tokens/s and its share of
-the roofline floor; for the population, seeds/s on the RandOpt speedrun's clock and its share of the floor, and
+the roofline floor; for the population, seeds/s on the RandOpt speedrun's clock and its share of the floor, the
+run's split into weight switches, setup, prefills, decode steps (ms per step) and the rest, and
 for a population decode its completions' agreement with one seed at a time (refused where its formed weights
 differ from the Perturber's).
 `switch` (workflow_src/bench/perturb.py's JSONs, one per run): the weight switch's ms and share of the copy
@@ -128,6 +129,8 @@ def engine_claims(prefix: str, bench: Mapping[str, Any]) -> list[dict[str, Any]]
                                  f"weight reads {fl['weights_s']:.3g} s, KV reads {fl['kv_s']:.3g} s, arithmetic "
                                  f"{fl['decode_flop_s']:.3g} s, prefills {fl['prefill_s']:.3g} s of its "
                                  f"{fl['seconds']:.3g} s", "ms", steps))
+            if all("phase_seconds" in r for r in e["runs"]):
+                out += _phase_claims(f"{prefix}.{shape}.{name}", per_step, e)
             agreement = e.get("agreement")
             if agreement:
                 unequal = sorted(n for n, same in agreement["formed_weights_equal"].items() if not same)
@@ -156,6 +159,37 @@ def engine_claims(prefix: str, bench: Mapping[str, Any]) -> list[dict[str, Any]]
                                  f"the same population's seeds/s over the single-seed roofline floor's "
                                  f"({pop['floor_seeds_per_s']:.3f} seeds/s; above 1: past what one seed at a time "
                                  "can reach)", "share", single))
+    return out
+
+
+def _phase_claims(key: str, per_step: int, e: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A population's runs split at their phase boundaries (workflow_src/bench/engine.py run_phases): the decode's
+    ms per step, and the seconds of its prefills, its setup, its other work and, one seed at a time, its weight
+    switches."""
+    runs, whole = e["runs"], "in a whole run (every chunk, any graph capture included)"
+    steps = "–".join(f"{n:,}" for n in sorted({r["decode_steps"] for r in runs}))
+    forming = ("" if per_step == 1 else
+               f"; the {per_step} seeds' weights formed in the decode's ops, none switched")
+    out = [claim(f"{key}.population_decode_ms_per_step",
+                 f"the same population's decode steps alone: their seconds {whole} over the {steps} steps the engine "
+                 f"launched; prefills, setup, switches and grading excluded{forming}", "ms", [r["decode_ms_per_step"] for r in runs]),
+           claim(f"{key}.population_prefill_s",
+                 f"seconds of the same population's prefills {whole}, every seed's prompts"
+                 + ("" if per_step == 1 else ", each seed's prompts on its own weights formed in the ops or written "
+                                             "into scratch once per linear"), "s",
+                 [r["phase_seconds"]["prefill"] for r in runs]),
+           claim(f"{key}.population_setup_s",
+                 f"seconds of the same population's engine setup {whole}: building its decoder and KV cache "
+                 + ("(once, kept for every seed)" if per_step == 1 else "(once a chunk of seeds)"), "s",
+                 [r["phase_seconds"]["setup"] for r in runs]),
+           claim(f"{key}.population_rest_s",
+                 f"seconds of the same population's run outside its switches, setup, prefills and decode steps "
+                 f"{whole}: grading and the host's work between phases", "s",
+                 [r["phase_seconds"]["rest"] for r in runs])]
+    if per_step == 1:
+        out.append(claim(f"{key}.population_switch_s",
+                         f"seconds of the same population's weight switches {whole} (the Perturber writing each "
+                         "seed's weights before its generation)", "s", [r["phase_seconds"]["switch"] for r in runs]))
     return out
 
 
