@@ -10,8 +10,9 @@ import torch
 from transformers import PreTrainedModel
 
 from workflow_src.engine.decoder import SlotDecoder
-from workflow_src.engine.seeded_weights import SeededLean, SeededWeights
-from workflow_src.kernels.seeded_linear import SeedRows, group_tables
+from workflow_src.engine.seeded_weights import SeededLean, SeededWeights, SortedRows
+from workflow_src.kernels.seeded_linear import SeedRows, SeedTables, group_tables
+from workflow_src.noise import speedproof as noise
 from workflow_src.model.lean_qwen2 import LeanQwen2
 
 # Prefill tokens (a seed's prompts, padded) from which its linears run on its weights written into scratch: writing
@@ -21,28 +22,66 @@ from workflow_src.model.lean_qwen2 import LeanQwen2
 FORMED_PREFILL_TOKENS = 512
 
 
+def row_tables(index: Sequence[int], slots: int, seeds: int) -> list[int]:
+    """The host side of a SortedRows buffer (engine/seeded_weights.py) for rows whose seeds' indices (0 … seeds − 1)
+    are `index`, in a buffer of `slots` rows: each row's seed's index, the rows sorted by it (stable), the
+    inverse of that order, then each seed's first sorted row and its row count; zeros past the rows."""
+    index = list(index)
+    rows = len(index)
+    order = sorted(range(rows), key=index.__getitem__)
+    inverse = [0] * rows
+    for at, row in enumerate(order):
+        inverse[row] = at
+    counts = [0] * seeds
+    for b in index:
+        counts[b] += 1
+    row0 = list(itertools.accumulate(counts, initial=0))[:-1]
+    pad = [0] * (slots - rows)
+    return index + pad + order + pad + inverse + pad + row0 + counts
+
+
 class PopulationDecoder(SlotDecoder):
     """A SlotDecoder over the rows of several RandOpt seeds, so one step reads the base weights for all of them
     (docs/randopt.md, "Population decode"): each slot decodes with the weights of the seed whose prompt it was
     given last (`admitted`), formed from the model's base weights inside each op (engine/seeded_weights.py). The
     prompts of one seed admitted together prefill on their own, as the single-seed engine's would, on that seed's
     weights written into scratch once per linear where they are many (SeededWeights.formed_linear); a step runs
-    every slot's row together, one group per run of slots of one seed. No packed projections (the ops read each
-    parameter by its own address)."""
+    every slot's row together, one group per run of slots of one seed, or, with `sorted_rows`, its rows sorted
+    by seed from tables on the device (SortedRows). No packed projections (the ops read each parameter by its own
+    address)."""
 
     def __init__(self, model: PreTrainedModel, slots: int, seeds: Sequence[tuple[int, float]], prompts_per_seed: int,
-                 capacity: int, weights: SeededWeights, graphs: bool = False, **options):
+                 capacity: int, weights: SeededWeights, graphs: bool = False, sorted_rows: bool = False, **options):
         """`seeds`: the population's (seed, σ); item i of the engine's queue is prompt i % prompts_per_seed under
-        seed i // prompts_per_seed. `graphs`: on a GPU with the triton backend, each step as a CUDA graph, one per
-        arrangement of the slots' seeds (the seeds and σ are part of what a graph replays: the embedding and
-        norms take them as values, the GEMM kernel from tables on the device); the reference backend
-        reconstructs each seed's weights in every call and runs eager."""
+        seed i // prompts_per_seed. `graphs`: on a GPU with the triton backend, each step as a CUDA graph; the
+        reference backend reconstructs each seed's weights in every call and runs eager. `sorted_rows`: a step's
+        rows as data (SortedRows: each row's seed's index, the rows sorted by it, each seed's row count), kept in
+        buffers on the device that are rewritten in place before a step whose slots' seeds changed, so one graph
+        per row count and span replays every arrangement of the seeds (the continuous schedule's, which changes
+        with each admission); otherwise one group per run of slots of one seed, and one graph per arrangement
+        of the slots' seeds (the seeds and σ are part of what a graph replays: the embedding and norms take them
+        as values, the GEMM kernel from tables on the device)."""
         self.weights = weights
         super().__init__(model, slots, capacity, graphs=graphs and weights.backend == "triton", packed=False,
                          **options)
         self.seeds, self.prompts_per_seed = list(seeds), prompts_per_seed
         self.slot_seed = [0] * slots  # index into seeds of each slot's seed (its last one, once its sequence ended)
         self._replayed_tables: list = []
+        self.sorted_rows = sorted_rows
+        if sorted_rows:
+            device = self.tokens.device
+            for seed, _ in self.seeds:
+                noise.check_seed(seed)
+            n = len(self.seeds)
+            # one int32 buffer, one host-to-device copy: seed index, order, inverse [slots each], row0, rows [n]
+            self._row_tables = torch.zeros(3 * slots + 2 * n, dtype=torch.int32, device=device)
+            seed_index, order, inverse, row0, rows = self._row_tables.split([slots, slots, slots, n, n])
+            tables = SeedTables(row0, rows, torch.tensor([s for s, _ in self.seeds], dtype=torch.int64, device=device),
+                                torch.tensor([noise.sigma_fp32(g) for _, g in self.seeds], dtype=torch.float32,
+                                             device=device),
+                                tuple((int(s), float(g)) for s, g in self.seeds))
+            self._sorted = SortedRows(seed_index, order, inverse, tables)
+            self._loaded: tuple | None = None  # (rows, their slots' seeds) the buffers hold
 
     def _make_lean(self, model: PreTrainedModel, slots: int, capacity: int, fused: bool) -> LeanQwen2:
         return SeededLean(model, slots, capacity, self.weights, fused=fused)
@@ -59,10 +98,31 @@ class PopulationDecoder(SlotDecoder):
             self.slot_seed[d] = self.slot_seed[s]
 
     def _graph_key(self, what: str, rows: int, span: int) -> tuple:
+        if self.sorted_rows:  # the seeds are data in the tables: one graph replays them all
+            return (what, rows, span)
         return (what, rows, span, tuple(self.slot_seed[:rows]))
+
+    def _run_step(self, what: str, furthest: int, rows: int) -> torch.Tensor:
+        if self.sorted_rows:
+            self._load_rows(rows)
+        return super()._run_step(what, furthest, rows)
+
+    def _load_rows(self, rows: int) -> None:
+        """The SortedRows buffer rewritten for the first `rows` slots where their seeds changed since it was last
+        written: one copy, stream-ordered after the steps already launched (on a GPU from pinned memory, which
+        the caching host allocator keeps until the copy has run)."""
+        key = (rows, tuple(self.slot_seed[:rows]))
+        if key == self._loaded:
+            return
+        host = torch.tensor(row_tables(self.slot_seed[:rows], self.slots, len(self.seeds)), dtype=torch.int32)
+        cuda = self._row_tables.is_cuda
+        self._row_tables.copy_(host.pin_memory() if cuda else host, non_blocking=cuda)
+        self._loaded = key
 
     def _capture(self, fn, span: int, rows: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         graph, out = super()._capture(fn, span, rows)
+        if self.sorted_rows:  # the graph reads the decoder's own buffers, which live as long as it
+            return graph, out
         # the GEMM kernel's tables of the step's groups, which the graph reads where they lie: kept while it lives
         self._replayed_tables.append(group_tables(self.lean.groups, self.tokens.device))
         return graph, out
@@ -92,5 +152,9 @@ class PopulationDecoder(SlotDecoder):
         return torch.cat(out)
 
     def _step_ops(self, span: int, rows: int) -> torch.Tensor:
-        self.lean.groups = self._groups(range(rows))
+        if self.sorted_rows:
+            self._load_rows(rows)  # (already loaded where the step came through _run_step: then a capture copies nothing)
+            self.lean.groups = self._sorted
+        else:
+            self.lean.groups = self._groups(range(rows))
         return super()._step_ops(span, rows)

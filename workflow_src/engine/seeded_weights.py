@@ -13,6 +13,14 @@ rounding to the stored dtype), so a seed's rows see exactly the weights `Perturb
 - the embedding: the gathered rows of the base table, each perturbed at its own indices;
 - norm scales: each seed's vector, repeated over its rows (the norm multiplies elementwise, row by row).
 
+A step's rows come as groups on the host (`SeedRows`, one per run of rows of one seed), or as data on the device
+(`SortedRows`: each row's seed's index, a permutation sorting the rows by it, and each seed's first sorted row and
+row count), which the caller rewrites in place when the rows' seeds change, so one CUDA graph of a step replays
+every arrangement of the seeds over its rows: a linear gathers its input rows in seed order, runs the seeded
+linear over one group per seed from the tables (SeedTables) and gathers the output rows back; the norms' scales
+are each seed's vector, stacked and gathered by the row's seed's index; the embedding hashes each row's indices
+under its row's seed.
+
 Which parameters, and their global indices, are the Perturber's (`select_parameters`, `noise.schemes.layout`):
 a parameter left out is read as it is. Parameters are found by their storage address, so whatever reads a
 parameter tensor (the lean forward, the slot decoder) needs no names.
@@ -21,6 +29,7 @@ parameter tensor (the lean forward, the slot decoder) needs no names.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +42,7 @@ from workflow_src.kernels.seeded_linear import (
     TRITON_SCHEMES,
     SeededLaunch,
     SeedRows,
+    SeedTables,
     perturbed,
     seeded_linear,
 )
@@ -43,6 +53,20 @@ from workflow_src.noise import speedproof as noise
 
 # Elements of an embedding's gathered rows formed at once (their int64 indices and hash temporaries: tens of MB).
 EMBEDDING_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class SortedRows:
+    """The rows of a step as data on the device (module doc): for the first B rows of a call over B rows,
+    `seed_index[:B]` (int32) each row's index into `tables.population`, `order[:B]` (int32) the rows sorted by it
+    (stably; sorted position i holds row order[i]), `inverse[:B]` its inverse (row r's sorted position), and
+    `tables` one group per seed over the sorted rows (row0, rows: the seed's first sorted row and its row count,
+    0 for a seed with none; the seeds' int64 values and their σ in fp32). Views of buffers the caller keeps and
+    rewrites in place; the ops only read them."""
+    seed_index: torch.Tensor
+    order: torch.Tensor
+    inverse: torch.Tensor
+    tables: SeedTables
 
 
 class SeededWeights:
@@ -82,14 +106,30 @@ class SeededWeights:
         return None if t is None else self._offset.get(t.data_ptr())
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               groups: list[SeedRows]) -> torch.Tensor:
+               groups: list[SeedRows] | SortedRows) -> torch.Tensor:
         """F.linear of x [B, ..., K] whose batch rows fall into `groups`, each with its seed's weight and bias."""
+        if isinstance(groups, SortedRows):
+            return self._sorted_linear(x, weight, bias, groups)
         lead, k = x.shape[:-1], x.shape[-1]
         per_row = x[0].numel() // k if x.shape[0] else 1  # positions of a batch row
         flat = [SeedRows(g.row0 * per_row, g.rows * per_row, g.seed, g.sigma) for g in groups]
         y = seeded_linear(x.reshape(-1, k), weight, bias, flat, self.offset(weight), self.offset(bias),
                           scheme=self.scheme, backend=self.backend, launch=self.launch)
         return y.view(*lead, weight.shape[0])
+
+    def _sorted_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                       rows: SortedRows) -> torch.Tensor:
+        """`linear` over SortedRows: x's batch rows gathered in seed order, one group per seed from the tables,
+        and the output's rows gathered back into x's order (the rows a group per run of them gives wherever a
+        row's sums do not depend on which rows share its tile)."""
+        b, k = x.shape[0], x.shape[-1]
+        if b and x[0].numel() != k:
+            raise ValueError(f"population decode: sorted rows are one position each (a decode step's), got x of "
+                             f"shape {tuple(x.shape)}")
+        xs = x.reshape(b, k).index_select(0, rows.order[:b])
+        y = seeded_linear(xs, weight, bias, rows.tables, self.offset(weight), self.offset(bias), scheme=self.scheme,
+                          backend=self.backend, launch=self.launch)
+        return y.index_select(0, rows.inverse[:b]).view(*x.shape[:-1], weight.shape[0])
 
     def formed_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                       group: SeedRows) -> torch.Tensor:
@@ -116,7 +156,8 @@ class SeededWeights:
         out = self._scratch[key][:t.numel()].view(t.shape)
         return reconstruct_triton(t, out, group.seed, group.sigma, offset, scheme=self.scheme)
 
-    def embedding(self, ids: torch.Tensor, weight: torch.Tensor, groups: list[SeedRows]) -> torch.Tensor:
+    def embedding(self, ids: torch.Tensor, weight: torch.Tensor,
+                  groups: list[SeedRows] | SortedRows) -> torch.Tensor:
         """F.embedding of ids [B, q] with each group's seed's table rows (only the rows gathered are formed)."""
         rows = F.embedding(ids, weight)
         offset = self.offset(weight)
@@ -124,6 +165,16 @@ class SeededWeights:
             return rows
         width = weight.shape[1]
         columns = torch.arange(width, device=ids.device)
+        if isinstance(groups, SortedRows):
+            # each row's seed and σ gathered by its seed's index, every index hashed under its row's seed, and
+            # a group's fp32 add and rounding (a decode step's one position a row: no chunks)
+            b, q = ids.shape
+            at = groups.seed_index[:b]
+            seeds = groups.tables.seeds.index_select(0, at)[:, None].expand(b, q).reshape(-1, 1)
+            sigmas = groups.tables.sigmas.index_select(0, at)[:, None].expand(b, q).reshape(-1, 1)
+            index = offset + ids.reshape(-1, 1) * width + columns
+            v = rows.view(-1, width).to(torch.float32) + self._signs_at(seeds, index).to(torch.float32) * sigmas
+            return noise.round_fp32_to(v, weight.dtype).view(rows.shape)
         # A prefill gathers prompts × positions rows; their int64 indices and hash temporaries at once would be
         # several bytes ×8 of the rows (GBs at the 7B shape): the rows are formed a bounded number at a time.
         step = max(1, EMBEDDING_CHUNK // width)
@@ -139,16 +190,25 @@ class SeededWeights:
                 into[at:at + step] = noise.round_fp32_to(v, weight.dtype)
         return formed
 
-    def vector(self, weight: torch.Tensor, groups: list[SeedRows], like: torch.Tensor,
+    def vector(self, weight: torch.Tensor, groups: list[SeedRows] | SortedRows, like: torch.Tensor,
                formed: dict | None = None) -> torch.Tensor:
         """A norm's scale per batch row: [B, 1 …, width] (broadcasting over `like`'s middle dimensions), each
         group's seed's vector. `formed`: a cache of the vectors by (parameter, seed, σ), for a caller whose base
-        weights do not change while it holds it (a decode forms each layer's two scales for every step)."""
+        weights do not change while it holds it (a decode forms each layer's two scales for every step); with
+        SortedRows, of every seed's vector stacked [seeds, width] by (parameter, the seeds), gathered by the
+        rows' seeds' indices."""
         offset = self.offset(weight)
         if offset is None:
             return weight
         formed = {} if formed is None else formed
         shape = (1,) * (like.dim() - 2) + (weight.shape[0],)
+        if isinstance(groups, SortedRows):
+            key = (weight.data_ptr(), groups.tables.population)
+            if key not in formed:
+                formed[key] = torch.stack([perturbed(weight, seed, sigma, offset, self.scheme)
+                                           for seed, sigma in groups.tables.population])
+            b = like.shape[0]
+            return formed[key].index_select(0, groups.seed_index[:b]).view(b, *shape)
         parts = []
         for g in groups:
             key = (weight.data_ptr(), g.seed, g.sigma)
@@ -171,7 +231,7 @@ class SeededLean(LeanQwen2):
         super().__init__(model, batch_rows, max_len, fused=fused)
         self.fused = fused
         self.weights = weights
-        self.groups: list[SeedRows] = []
+        self.groups: list[SeedRows] | SortedRows = []
         # True while a prefill runs (PopulationDecoder.prefill: one seed's rows): linears through formed_linear
         self.formed = False
         self._scales: dict = {}

@@ -205,9 +205,10 @@ class StaticEngine:
                 slots = self.batch_size if continuous else self.batch_size // self.seeds_per_step * len(chunk)
                 self._mark(SETUP)
                 decoder = None  # the last chunk's KV cache freed before the next one's is allocated
-                # the continuous schedule's seed groups change with each admission: a graph would rarely replay
+                # the continuous schedule's seeds change over the slots with each admission: its steps take the
+                # rows' seeds as data (sorted_rows), so one graph per row count and span replays them all
                 decoder = PopulationDecoder(self.model, slots, chunk, len(encoded), capacity, weights,
-                                            graphs=self.graphs and not continuous, **options)
+                                            graphs=self.graphs, sorted_rows=continuous, **options)
                 ends = [n for seed_limits in limits[at:at + len(chunk)] for n in seed_limits]
                 texts = self._run(decoder, encoded * len(chunk), ends, lanes=1 if continuous else len(chunk))
                 out += [texts[b * len(encoded):(b + 1) * len(encoded)] for b in range(len(chunk))]

@@ -208,6 +208,41 @@ class SeedRows:
     sigma: float
 
 
+@dataclass(frozen=True)
+class SeedTables:
+    """Groups as data: the launch's per-group tables already on the device (row0, rows int32; seed int64; σ
+    fp32, each [G]), with `population` the groups' (seed, σ) on the host, in the same order. The groups cover the
+    input's rows in order end to end, but a group may have no rows, and which rows each has is read on the
+    device only (the triton backend's grid is G × the row tiles of all the input's rows, the tiles past a
+    group's rows doing nothing), so a CUDA graph of the launch replays whatever row counts the tables hold when
+    it runs; the caller updates them in place. The reference backend reads the row counts back."""
+    row0: torch.Tensor
+    rows: torch.Tensor
+    seeds: torch.Tensor
+    sigmas: torch.Tensor
+    population: tuple[tuple[int, float], ...]
+
+    def tables(self) -> tuple[torch.Tensor, ...]:
+        return self.row0, self.rows, self.seeds, self.sigmas
+
+    def groups(self) -> list[SeedRows]:
+        """The groups with rows, read back from the device."""
+        return [SeedRows(r0, n, seed, sigma) for r0, n, (seed, sigma)
+                in zip(self.row0.tolist(), self.rows.tolist(), self.population) if n]
+
+
+def check_tables(tables: SeedTables, device: torch.device) -> None:
+    """The tables' shapes, dtypes and device (their row counts stay on the device, unread)."""
+    want = {"row0": torch.int32, "rows": torch.int32, "seeds": torch.int64, "sigmas": torch.float32}
+    for name, dtype in want.items():
+        t = getattr(tables, name)
+        if t.dtype != dtype or t.dim() != 1 or t.shape[0] != len(tables.population) or t.device != device:
+            raise ValueError(f"seeded linear: table {name} must be {dtype} [{len(tables.population)}] on {device}, "
+                             f"got {t.dtype} {tuple(t.shape)} on {t.device}")
+    for seed, _ in tables.population:
+        noise.check_seed(seed)
+
+
 def check_groups(groups: list[SeedRows], total_rows: int) -> None:
     """The groups cover the input's rows in order, each with at least one row and a valid seed."""
     at = 0
@@ -228,14 +263,15 @@ def perturbed(base: torch.Tensor, seed: int, sigma: float, offset: int, scheme: 
     return out
 
 
-def seeded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, groups: list[SeedRows],
-                  weight_offset: int, bias_offset: int | None = None, scheme: str = "speedproof-v2",
-                  backend: str = "reference", interpret: bool | None = None,
+def seeded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  groups: list[SeedRows] | SeedTables, weight_offset: int, bias_offset: int | None = None,
+                  scheme: str = "speedproof-v2", backend: str = "reference", interpret: bool | None = None,
                   launch: SeededLaunch = DEFAULT_LAUNCH, words: torch.Tensor | None = None) -> torch.Tensor:
     """y [M, N] of x [M, K] for base weight [N, K] and base bias [N] (or None) at global index offsets
     `weight_offset` and `bias_offset` (noise.layout's; a parameter left unperturbed is passed as
-    `weight_offset=None` / `bias_offset=None` and used as it is). `launch`: the triton backend's; with its
-    `words`, `words` is the groups' table of the weight's hash words (`sign_words_table`)."""
+    `weight_offset=None` / `bias_offset=None` and used as it is). `groups`: SeedRows on the host, or SeedTables
+    on the device (the grid then fixed by M alone: G × cdiv(M, block_m) row tiles). `launch`: the triton
+    backend's; with its `words`, `words` is the groups' table of the weight's hash words (`sign_words_table`)."""
     schemes.check_scheme(scheme)
     if backend not in BACKENDS:
         raise ValueError(f"seeded linear: backend {backend!r}; known: {list(BACKENDS)}")
@@ -246,8 +282,19 @@ def seeded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                         f"{weight.dtype})")
     if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != weight.dtype):
         raise ValueError("seeded linear: bias must be [N] in the weight's dtype")
-    check_groups(groups, x.shape[0])
+    tabled = isinstance(groups, SeedTables)
+    if tabled:
+        check_tables(groups, x.device)
+        if launch.words or words is not None:
+            raise ValueError(f"seeded linear: launch {launch} with device tables takes no table of hash words; "
+                             "drop /words")
+    else:
+        check_groups(groups, x.shape[0])
     if backend == "reference":
+        if tabled:
+            groups = groups.groups()
+        if not groups:
+            return x.new_empty((0, weight.shape[0]))
         return torch.cat([_reference_rows(x[g.row0:g.row0 + g.rows], weight, bias, g, weight_offset, bias_offset,
                                           scheme) for g in groups])
     if scheme not in TRITON_SCHEMES:
@@ -258,16 +305,24 @@ def seeded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         x, weight = x.contiguous(), weight.contiguous()
         require_aligned_rows(launch, x, weight, "/gluon")
         from workflow_src.kernels import seeded_linear_gluon
-        return seeded_linear_gluon.launch(x, weight, bias, group_tables(groups, x.device),
-                                          triton.cdiv(max(g.rows for g in groups), launch.block_m), weight_offset,
+        return seeded_linear_gluon.launch(x, weight, bias, *_tables_and_tiles(groups, x, launch), weight_offset,
                                           bias_offset, launch)
     if launch.words:
         check_words(words, weight, groups, weight_offset)
     elif words is not None:
         raise ValueError(f"seeded linear: a table of hash words was given to launch {launch}, which hashes in the "
                          "kernel (add /words)")
-    return _triton(x, weight, bias, groups, weight_offset, bias_offset, resolve_interpret(x, interpret), launch,
-                   words)
+    return _triton(x, weight, bias, *_tables_and_tiles(groups, x, launch), weight_offset, bias_offset,
+                   resolve_interpret(x, interpret), launch, words)
+
+
+def _tables_and_tiles(groups: list[SeedRows] | SeedTables, x: torch.Tensor,
+                      launch: SeededLaunch) -> tuple[tuple[torch.Tensor, ...], int]:
+    """The launch's device tables and its row tiles per group: the largest group's for SeedRows, all of x's rows'
+    for SeedTables (whose row counts the host does not read)."""
+    if isinstance(groups, SeedTables):
+        return groups.tables(), max(1, triton.cdiv(x.shape[0], launch.block_m))
+    return group_tables(groups, x.device), triton.cdiv(max(g.rows for g in groups), launch.block_m)
 
 
 def whole_words(weight_offset: int | None, width: int) -> bool:
@@ -342,6 +397,7 @@ def _seeded_linear_body(x_ptr, w_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr
     group = tl.program_id(0) // M_TILES
     tile_m = tl.program_id(0) % M_TILES
     rows = tl.load(rows_ptr + group)
+    # a row tile past its group's rows (a group of no rows too, SeedTables') reads and writes nothing
     if tile_m * BLOCK_M < rows:
         row0 = tl.load(row0_ptr + group)
         seed = tl.load(seed_ptr + group).to(tl.uint32)
@@ -483,19 +539,20 @@ def group_tables(groups: list[SeedRows], device: torch.device) -> tuple[torch.Te
     return _group_tables(tuple((g.row0, g.rows, g.seed, float(g.sigma).hex()) for g in groups), device)
 
 
-def _triton(x, weight, bias, groups, weight_offset, bias_offset, interpret, launch: SeededLaunch, words=None):
+def _triton(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, interpret, launch: SeededLaunch,
+            words=None):
+    """The launch over `tables` (row0, rows, seed, σ of each group, on the device), `m_tiles` row tiles a group."""
     block_m, block_n, block_k = launch.block_m, launch.block_n, launch.block_k
     M, K = x.shape
     N = weight.shape[0]
     x = x.contiguous()
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    row0, rows, seeds, sigmas = group_tables(groups, x.device)
-    m_tiles = triton.cdiv(max(g.rows for g in groups), block_m)
+    row0, rows, seeds, sigmas = tables
     aligned = whole_words(weight_offset, K)
     word32 = aligned and words is None and weight_offset + N * K <= WORD32_END  # aligned: an offset is given
     kind = KIND[x.dtype]
     k_tiles = triton.cdiv(K, block_k)
-    grid = (len(groups) * m_tiles, triton.cdiv(N, block_n))
+    grid = (len(row0) * m_tiles, triton.cdiv(N, block_n))
     parts = split_parts(grid[0] * grid[1], k_tiles, launch.split_k)
     # The interpreter reads bf16 and fp16 as int16 bits (numpy has neither); compiled, the kernel reads them as they are.
     view = bits_view if interpret else (lambda t: t)

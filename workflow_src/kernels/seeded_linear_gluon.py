@@ -171,7 +171,8 @@ def _seeded_linear_gluon_body(x_desc, w_desc, b_ptr, y_ptr, row0_ptr, rows_ptr, 
     row0 = gl.load(row0_ptr + group)
     seed = gl.load(seed_ptr + group).to(gl.uint32)
     sigma_bits = gl.load(sigma_ptr + group).to(gl.uint32, bitcast=True)
-    # a row tile past this seed's rows has nothing to do: no K steps, and its store is masked off
+    # a row tile past this seed's rows has nothing to do: no K steps (no TMA copy is issued), and its store is
+    # masked off; so for a group of no rows (SeedTables': its row0 may be the input's row count)
     k_tiles = gl.where(tile_m * block_m < rows, gl.cdiv(K, block_k), 0)
     n0 = gl.program_id(1) * block_n
 

@@ -103,12 +103,19 @@ def _rotl32(x: torch.Tensor, r: int) -> torch.Tensor:
     return ((x << r) & M32) | (x >> (32 - r))
 
 
-def hash32_tensor(seed: int, index: torch.Tensor) -> torch.Tensor:
-    """h(seed, i) for an int64 tensor of indices, as int64 values in [0, 2**32)."""
-    check_seed(seed)
+def hash32_tensor(seed: int | torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """h(seed, i) for an int64 tensor of indices, as int64 values in [0, 2**32). `seed`: one seed, or an int64
+    tensor of seeds (each in [0, 2**32), unchecked: a device tensor's values are not read back) that broadcasts
+    against `index`, each index hashed under its own (a population decode's rows, each its seed's)."""
     if index.dtype != torch.int64:
         raise TypeError(f"indices must be int64, got {index.dtype}")
-    h = torch.full_like(index, seed)
+    if isinstance(seed, torch.Tensor):
+        if seed.dtype != torch.int64:
+            raise TypeError(f"seeds must be int64, got {seed.dtype}")
+        h = seed + torch.zeros_like(index)
+    else:
+        check_seed(seed)
+        h = torch.full_like(index, seed)
     for k in (index & M32, index >> 32):
         k = mul32(_rotl32(mul32(k, C1), ROT_K), C2)
         h = (_rotl32(h ^ k, ROT_H) * H_MUL + H_ADD) & M32
@@ -136,8 +143,9 @@ def signs(seed: int, start_index: int, n: int, device: str | torch.device = "cpu
     return (1 - 2 * (h >> 31)).to(torch.int8)
 
 
-def signs_at(seed: int, index: torch.Tensor) -> torch.Tensor:
-    """R(seed, i) for an int64 tensor of indices in any order (an embedding's gathered rows), as int8 ±1."""
+def signs_at(seed: int | torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """R(seed, i) for an int64 tensor of indices in any order (an embedding's gathered rows), as int8 ±1; `seed`
+    one, or an int64 tensor of seeds broadcasting against `index` (hash32_tensor's)."""
     return (1 - 2 * (hash32_tensor(seed, index) >> 31)).to(torch.int8)
 
 

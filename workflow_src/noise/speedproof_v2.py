@@ -39,8 +39,9 @@ def signs(seed: int, start_index: int, n: int, device: str | torch.device = "cpu
     return (1 - 2 * bits).to(torch.int8)
 
 
-def signs_at(seed: int, index: torch.Tensor) -> torch.Tensor:
-    """R(seed, i) for an int64 tensor of indices in any order (an embedding's gathered rows), as int8 ±1."""
+def signs_at(seed: int | torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """R(seed, i) for an int64 tensor of indices in any order (an embedding's gathered rows), as int8 ±1; `seed`
+    one, or an int64 tensor of seeds broadcasting against `index` (hash32_tensor's)."""
     h = hash32_tensor(seed, index >> 5)
     return (1 - 2 * ((h >> (index & (WORD_BITS - 1))) & 1)).to(torch.int8)
 

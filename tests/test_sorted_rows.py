@@ -1,0 +1,163 @@
+"""A step's rows as data (engine/seeded_weights.py's SortedRows, kernels/seeded_linear.py's SeedTables): the tables
+a decoder writes for its slots' seeds, the seeded linear over one group per seed from device tables (groups of no
+rows included) against its launch over the same groups given on the host, and each op of the sorted path (the
+linears' gather and scatter, the norms' stacked scales, the embedding's per-row seeds) against the path of one
+group per run of rows, bit for bit. The Triton kernel runs under the interpreter here."""
+import pytest
+import torch
+
+from workflow_src.engine.population_decoder import row_tables
+from workflow_src.engine.seeded_weights import SeededWeights, SortedRows
+from workflow_src.kernels.seeded_linear import DEFAULT_LAUNCH, SeededLaunch, SeedRows, SeedTables, seeded_linear
+from workflow_src.noise import speedproof, speedproof_v2
+from workflow_src.noise import speedproof as noise
+
+POPULATION = ((7, 1e-3), (2**32 - 1, 0.02), (123456789, -3e-3), (99, 5e-3))
+SWAPPED = SeededLaunch(32, 16, 32, 4, 2, swap=True)
+DESCRIBED = SeededLaunch(16, 32, 64, 4, 3, swap=True, tma=True)  # whole tiles: rows of the next seed in a tile
+SPLIT = SeededLaunch(16, 16, 32, 4, 2, split_k=4)
+
+
+def sorted_rows(index, slots, population=POPULATION, device="cpu") -> SortedRows:
+    """The SortedRows of rows whose seeds' indices are `index`, in buffers of `slots` rows (a decoder's)."""
+    n = len(population)
+    buffer = torch.tensor(row_tables(index, slots, n), dtype=torch.int32, device=device)
+    seed_index, order, inverse, row0, rows = buffer.split([slots, slots, slots, n, n])
+    tables = SeedTables(row0, rows, torch.tensor([s for s, _ in population], dtype=torch.int64, device=device),
+                        torch.tensor([noise.sigma_fp32(g) for _, g in population], dtype=torch.float32,
+                                     device=device), tuple(population))
+    return SortedRows(seed_index, order, inverse, tables)
+
+
+def runs(index, population=POPULATION) -> list[SeedRows]:
+    """One group per run of consecutive rows of one seed (PopulationDecoder._groups')."""
+    groups = []
+    for row, b in enumerate(index):
+        if groups and groups[-1].seed == population[b][0] and groups[-1].sigma == population[b][1]:
+            last = groups[-1]
+            groups[-1] = SeedRows(last.row0, last.rows + 1, last.seed, last.sigma)
+        else:
+            groups.append(SeedRows(row, 1, *population[b]))
+    return groups
+
+
+def test_the_tables_sort_the_rows_by_seed_stably():
+    """Each row's seed's index, the rows sorted by it (rows of one seed in their own order), its inverse, each
+    seed's first sorted row and row count (0 for a seed with no rows, its row0 where the next seed's start), and
+    zeros past the rows."""
+    index = [2, 0, 2, 1, 0]
+    got = row_tables(index, 7, 4)
+    pad = [0, 0]
+    order = [1, 4, 3, 0, 2]
+    assert got == index + pad + order + pad + [3, 0, 4, 2, 1] + pad + [0, 2, 3, 5] + [2, 1, 2, 0]
+    assert [order[i] for i in got[14:19]] == list(range(5))  # inverse ∘ order is the identity
+    assert row_tables([], 2, 2) == [0] * 6 + [0, 0, 0, 0]
+
+
+def base(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * 0.5).to(dtype)
+
+
+@pytest.mark.parametrize("launch", [DEFAULT_LAUNCH, SWAPPED, DESCRIBED, SPLIT], ids=str)
+@pytest.mark.parametrize("index", [
+    [0, 0, 2, 2, 2, 0, 1, 2, 2, 0, 2, 2, 2, 2, 2, 2, 2, 2, 1, 0, 2],  # uneven groups; the last seed's has no rows
+    [3] * 21,  # one seed's rows, the others' groups empty ahead of it (row0 0, pointing at its rows)
+    [1, 3, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],  # an empty group between two, one ahead
+])
+def test_a_launch_over_device_tables_gives_the_launch_over_the_same_groups(launch, index):
+    """SeedTables: a grid of every seed × the row tiles of all the rows, its tiles past a group's rows (all of a
+    group of no rows, whose row0 is the next group's first row or the rows' end) doing nothing: every row is
+    its own seed's, bit for bit the launch over the groups with rows given on the host (whose grid stops at the
+    largest group's tiles), and the reference backend's too."""
+    dtype, k = torch.bfloat16, 256
+    x, w, b = base((len(index), k), dtype), base((48, k), dtype, 1), base((48,), dtype, 2)
+    rows = sorted_rows(index, 24)
+    xs = x.index_select(0, rows.order[:len(index)])
+    counts = rows.tables.rows.tolist()
+    assert 0 in counts
+    groups = [g for g in rows.tables.groups() if g.rows]
+    assert [g.rows for g in groups] == [n for n in counts if n]
+    for backend in ("triton", "reference"):
+        got = seeded_linear(xs, w, b, rows.tables, 4096, 4096 + 77, backend=backend, launch=launch)
+        want = seeded_linear(xs, w, b, groups, 4096, 4096 + 77, backend=backend, launch=launch)
+        assert torch.equal(got, want), backend
+        # the control: one seed's rows under another's weights differ
+        if len(groups) > 1:
+            wrong = seeded_linear(xs, w, b, [SeedRows(0, len(index), groups[0].seed, groups[0].sigma)], 4096,
+                                  4096 + 77, backend=backend, launch=launch)
+            assert not torch.equal(got, wrong)
+
+
+def test_device_tables_are_checked():
+    x, w = base((4, 64), torch.float32), base((8, 64), torch.float32, 1)
+    rows = sorted_rows([0, 1, 1, 0], 4)
+    bad = SeedTables(rows.tables.row0.long(), rows.tables.rows, rows.tables.seeds, rows.tables.sigmas, POPULATION)
+    with pytest.raises(ValueError, match="table row0"):
+        seeded_linear(x, w, None, bad, 0, backend="triton")
+    short = SeedTables(rows.tables.row0, rows.tables.rows, rows.tables.seeds, rows.tables.sigmas, POPULATION[:2])
+    with pytest.raises(ValueError, match=r"\[2\]"):
+        seeded_linear(x, w, None, short, 0, backend="reference")
+    with pytest.raises(ValueError, match="drop /words"):
+        seeded_linear(x, w, None, rows.tables, 0, backend="triton", launch=SeededLaunch(words=True))
+
+
+class Tiny(torch.nn.Module):
+    """An embedding, a linear with a bias and a norm's scale: a population decode's three kinds of reads."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.embed = torch.nn.Parameter((torch.randn(50, 64, generator=g) * 0.1).to(dtype))
+        self.proj = torch.nn.Linear(64, 48, dtype=dtype)
+        self.norm = torch.nn.Parameter((1 + 0.1 * torch.randn(64, generator=g)).to(dtype))
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_sorted_ops_give_each_row_its_seeds_values_as_the_groups_do(backend, dtype):
+    """SortedRows against one group per run of rows, for rows whose seeds interleave (and a seed with none): the
+    linear's gather into seed order and back, the norm's stacked scales gathered by the row's seed, the
+    embedding's indices hashed under each row's seed; bit for bit, and the buffers' tail past the step's rows
+    (another step's) unread."""
+    model = Tiny(dtype)
+    weights = SeededWeights(model, backend=backend)
+    index = [2, 0, 2, 2, 1, 0, 0, 2]
+    rows, groups = sorted_rows(index, 12), runs(index)
+    # the tail of the buffers as another, longer step left it: rows past this step's must not be read
+    rows.seed_index[8:] = 1
+    rows.order[8:] = 11
+    rows.inverse[8:] = 11
+    x = base((8, 1, 64), dtype, 4)
+    got = weights.linear(x, model.proj.weight, model.proj.bias, rows)
+    assert got.shape == (8, 1, 48)
+    # the rows in seed order, a group per seed, put back in their order: the gather and scatter move rows only
+    order, by_seed = rows.order[:8], runs(sorted(index))
+    inverse = torch.argsort(order)
+    assert torch.equal(rows.inverse[:8].long(), inverse)
+    by_seed_rows = weights.linear(x[order], model.proj.weight, model.proj.bias, by_seed)[inverse]
+    assert torch.equal(got, by_seed_rows)
+    if backend == "triton" or dtype == torch.bfloat16:  # a row's sums whatever rows share its GEMM (not fp32 F.linear's)
+        assert torch.equal(got, weights.linear(x, model.proj.weight, model.proj.bias, groups))
+    cache: dict = {}
+    scale = weights.vector(model.norm, rows, x, cache)
+    assert scale.shape == (8, 1, 64) and scale.is_contiguous()
+    assert torch.equal(scale, weights.vector(model.norm, groups, x))
+    assert torch.equal(weights.vector(model.norm, rows, x, cache), scale) and len(cache) == 1  # formed once
+    ids = torch.tensor([[3], [3], [49], [0], [7], [49], [3], [12]])
+    emb = weights.embedding(ids, model.embed, rows)
+    assert torch.equal(emb, weights.embedding(ids, model.embed, groups))
+    assert not torch.equal(emb[0], emb[1])  # one token, two seeds: the control
+    with pytest.raises(ValueError, match="one position each"):
+        weights.linear(base((8, 2, 64), dtype), model.proj.weight, model.proj.bias, rows)
+
+
+@pytest.mark.parametrize("signs_at", [speedproof.signs_at, speedproof_v2.signs_at])
+def test_signs_at_a_tensor_of_seeds_hash_each_index_under_its_own(signs_at):
+    seeds = [7, 2**32 - 1, 0]
+    index = torch.arange(3 * 70, dtype=torch.int64).view(3, 70) * 977 + 2**33
+    got = signs_at(torch.tensor(seeds)[:, None], index)
+    for row, seed in enumerate(seeds):
+        assert torch.equal(got[row], signs_at(seed, index[row]))
+    with pytest.raises(TypeError, match="int64"):
+        signs_at(torch.tensor([7, 1, 0], dtype=torch.int32)[:, None], index)
