@@ -9,7 +9,7 @@ import torch
 from test_rl_subject import TASK
 
 from workflow_src.engine.perturber import Perturber
-from workflow_src.engine.population_decoder import PopulationDecoder
+from workflow_src.engine.population_decoder import PopulationDecoder, row_tables
 from workflow_src.engine.seeded_weights import SeededWeights
 from workflow_src.engine.static import StaticEngine
 from workflow_src.kernels.seeded_linear import SeedRows
@@ -129,19 +129,24 @@ def test_bad_input_is_refused_before_any_generation(model_and_tokenizer):
 @gpu
 @pytest.mark.parametrize("continuous", [False, True])
 def test_on_a_gpu_each_seed_repeats_its_tokens_and_nearly_always_gives_the_single_seed_engines(
-        model_and_tokenizer, prompts, continuous):
-    """The compiled Triton backend with the GPU's defaults (the blocks schedule's steps as CUDA graphs, the
-    continuous schedule's tail compacts; Triton decode attention, trimmed prefill) in bf16: two runs give the
-    same tokens, the blocks schedule's the same as without graphs, and each seed's completions are the
-    single-seed engine's (graphs, packed and fused kernels) on its reconstructed weights nearly everywhere (the two
-    sum in other orders, which parts them only at near-ties)."""
+        model_and_tokenizer, prompts, continuous, monkeypatch):
+    """The compiled Triton backend with the GPU's defaults (each step as a CUDA graph: the blocks schedule's one per
+    arrangement of the slots' seeds, the continuous schedule's one per row count, its rows' seeds read from
+    tables on the device that each admission rewrites; the continuous schedule's tail compacts; Triton decode
+    attention, trimmed prefill) in bf16: two runs give the same tokens, the same as without graphs, and each
+    seed's completions are the single-seed engine's (graphs, packed and fused kernels) on its reconstructed
+    weights nearly everywhere (the two sum in other orders, which parts them only at near-ties)."""
     model, tok = model_and_tokenizer
     model = copy.deepcopy(model).to(device="cuda", dtype=torch.bfloat16)
     ends = [[2, 2, 2, 2, 16, 16, 16], [2, 2, 2, 2, 2, 2, 2], [3, 3, 3, 3, 3, 3, 3]]
+    captured, capture = [], PopulationDecoder._capture
+    monkeypatch.setattr(PopulationDecoder, "_capture",
+                        lambda self, fn, span, rows: captured.append(rows) or capture(self, fn, span, rows))
     engine = StaticEngine(model, tok, 8, seeds_per_step=2)
     assert engine.compact and engine.trim_prefill
     weights = SeededWeights(model, backend="triton")
     first = engine.generate_population(prompts, POPULATION, 16, weights, lengths=ends, continuous=continuous)
+    assert captured  # the steps ran as graphs
     assert engine.generate_population(prompts, POPULATION, 16, weights, lengths=ends, continuous=continuous) == first
     single = StaticEngine(model, tok, 4)
     perturber = Perturber(model, scheme="speedproof-v2")
@@ -152,9 +157,9 @@ def test_on_a_gpu_each_seed_repeats_its_tokens_and_nearly_always_gives_the_singl
     perturber.restore_base()
     pairs = [(w, g) for ws, gs in zip(want, first) for w, g in zip(ws, gs)]
     assert sum(w == g for w, g in pairs) / len(pairs) >= 0.9
-    if not continuous:  # the blocks schedule's steps replay CUDA graphs: the same kernels as eager, the same tokens
-        eager = StaticEngine(model, tok, 8, seeds_per_step=2, graphs=False)
-        assert eager.generate_population(prompts, POPULATION, 16, weights, lengths=ends) == first
+    # graph replays run the eager steps' kernels over the same tables: the same tokens
+    eager = StaticEngine(model, tok, 8, seeds_per_step=2, graphs=False)
+    assert eager.generate_population(prompts, POPULATION, 16, weights, lengths=ends, continuous=continuous) == first
 
 
 def test_a_prefills_linears_run_on_each_seeds_weights_written_into_scratch(model_and_tokenizer):
@@ -252,3 +257,63 @@ def test_on_a_gpu_a_prefill_runs_on_each_seeds_weights_written_into_scratch(mode
     assert engines[1].generate_population(prompts, POPULATION, 16, tri) == runs[1]
     pairs = [(a, b) for xs, ys in zip(runs[1], runs[10**9]) for a, b in zip(xs, ys)]
     assert sum(a == b for a, b in pairs) / len(pairs) >= 0.9
+
+
+def continuous_by_path(engine, monkeypatch, sorted_rows, *args, **kwargs):
+    """engine.generate_population(*args, continuous=True, **kwargs) with the decoder's rows sorted by seed from
+    tables on the device (the continuous schedule's own path) or in one group per run of slots of one seed;
+    returns the completions and the seeds' row counts of each step that wrote the tables."""
+    from workflow_src.engine import population_decoder, static
+    counts = []
+    monkeypatch.setattr(population_decoder, "row_tables", lambda index, slots, seeds: counts.append(
+        [list(index).count(b) for b in range(seeds)]) or row_tables(index, slots, seeds))
+    monkeypatch.setattr(static, "PopulationDecoder", lambda *a, sorted_rows, **k: PopulationDecoder(
+        *a, sorted_rows=sorted_rows and wanted, **k))
+    wanted = sorted_rows
+    return engine.generate_population(*args, continuous=True, **kwargs), counts
+
+
+@pytest.mark.parametrize("backend,fused", [("reference", False), ("triton", False), ("reference", True)])
+def test_the_continuous_schedules_rows_sorted_by_seed_give_the_tokens_of_a_group_per_run(model_and_tokenizer, prompts,
+                                                                                         monkeypatch, backend, fused):
+    """The continuous schedule's steps read the rows' seeds from tables on the device (SortedRows): the same
+    tokens as one group per run of slots of one seed, bit for bit, over steps with several seeds, uneven groups,
+    refills, a seed with no rows yet and one whose rows have all ended (the triton backend interpreted, the
+    fused kernels interpreted where asked)."""
+    model, tok = model_and_tokenizer
+    ends = [[2, 5, 2, 4], [3, 1, 5, 2], [4, 4, 1, 3]]
+    engine = StaticEngine(model, tok, 5, fused=fused)
+    weights = SeededWeights(model, backend=backend)
+    args = (prompts[:4], POPULATION, 5, weights)
+    want, none = continuous_by_path(engine, monkeypatch, False, *args, lengths=ends)
+    got, counts = continuous_by_path(engine, monkeypatch, True, *args, lengths=ends)
+    assert not none and got == want
+    assert len({tuple(c) for c in counts}) > 3  # the tables were rewritten as the seeds changed over the slots
+    assert any(sum(n > 0 for n in c) >= 2 and len({n for n in c if n}) > 1 for c in counts)  # several, uneven
+    assert any(c[2] == 0 for c in counts) and any(c[2] > 0 for c in counts)  # a seed's group before its rows
+    first = next(i for i, c in enumerate(counts) if c[0] > 0 and c[2] > 0)
+    assert any(c[0] == 0 for c in counts[first:])  # … and a group that empties after it had rows
+
+
+def test_a_sorted_rows_decoder_moves_its_rows_into_seed_order_and_back(model_and_tokenizer):
+    """`sorted_rows`: the buffer on the device follows the slots' seeds (rewritten only when they change), the
+    step's row-wise ops take its rows in seed order (`_rows_in`: one seed's rows together, in their slots' order)
+    and its attention and outputs get them back in slot order (`_rows_out`), over the first rows of a compacted
+    step too."""
+    model, _ = model_and_tokenizer
+    decoder = PopulationDecoder(model, 6, POPULATION, 1, 16, SeededWeights(model), sorted_rows=True)
+    assert decoder._graph_key("tokens", 6, 128) == ("tokens", 6, 128)
+    t = torch.arange(6 * 4).view(6, 4)
+    for seeds, rows in (([2, 0, 2, 1, 0, 0], 6), ([1, 1, 0, 2, 2, 0], 6), ([1, 1, 0, 2, 2, 0], 4)):
+        decoder.admitted(list(range(6)), seeds)
+        decoder._load_rows(rows)
+        order = sorted(range(rows), key=seeds.__getitem__)
+        assert torch.equal(decoder._rows_in(t[:rows]), t[order])
+        assert torch.equal(decoder._rows_out(decoder._rows_in(t[:rows])), t[:rows])
+        assert decoder._sorted.seed_index[:rows].tolist() == sorted(seeds[:rows])
+        assert decoder._sorted.tables.rows.tolist() == [seeds[:rows].count(b) for b in range(3)]
+        tables = decoder._row_tables.clone()
+        decoder._load_rows(rows)  # the same seeds: nothing rewritten
+        assert torch.equal(decoder._row_tables, tables)
+    blocks = PopulationDecoder(model, 6, POPULATION, 1, 16, SeededWeights(model))
+    assert torch.equal(blocks._rows_in(t), t) and blocks._graph_key("tokens", 6, 128)[3] == (0,) * 6

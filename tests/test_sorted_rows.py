@@ -1,8 +1,8 @@
 """A step's rows as data (engine/seeded_weights.py's SortedRows, kernels/seeded_linear.py's SeedTables): the tables
 a decoder writes for its slots' seeds, the seeded linear over one group per seed from device tables (groups of no
-rows included) against its launch over the same groups given on the host, and each op of the sorted path (the
-linears' gather and scatter, the norms' stacked scales, the embedding's per-row seeds) against the path of one
-group per run of rows, bit for bit. The Triton kernel runs under the interpreter here."""
+rows included) against its launch over the same groups given on the host, and each op over sorted rows (the
+linear from the tables, the norms' stacked scales, the embedding's per-row seeds) against the path of one group
+per seed given on the host, bit for bit. The Triton kernel runs under the interpreter here."""
 import pytest
 import torch
 
@@ -18,15 +18,16 @@ DESCRIBED = SeededLaunch(16, 32, 64, 4, 3, swap=True, tma=True)  # whole tiles: 
 SPLIT = SeededLaunch(16, 16, 32, 4, 2, split_k=4)
 
 
-def sorted_rows(index, slots, population=POPULATION, device="cpu") -> SortedRows:
-    """The SortedRows of rows whose seeds' indices are `index`, in buffers of `slots` rows (a decoder's)."""
+def sorted_rows(index, slots, population=POPULATION, device="cpu") -> tuple[SortedRows, torch.Tensor]:
+    """The SortedRows of rows whose seeds' indices are `index` once sorted, in buffers of `slots` rows (a
+    decoder's), and the order that sorts them."""
     n = len(population)
     buffer = torch.tensor(row_tables(index, slots, n), dtype=torch.int32, device=device)
-    seed_index, order, inverse, row0, rows = buffer.split([slots, slots, slots, n, n])
+    order, _, seed_index, row0, rows = buffer.split([slots, slots, slots, n, n])
     tables = SeedTables(row0, rows, torch.tensor([s for s, _ in population], dtype=torch.int64, device=device),
                         torch.tensor([noise.sigma_fp32(g) for _, g in population], dtype=torch.float32,
                                      device=device), tuple(population))
-    return SortedRows(seed_index, order, inverse, tables)
+    return SortedRows(seed_index, tables), order[:len(index)]
 
 
 def runs(index, population=POPULATION) -> list[SeedRows]:
@@ -42,15 +43,15 @@ def runs(index, population=POPULATION) -> list[SeedRows]:
 
 
 def test_the_tables_sort_the_rows_by_seed_stably():
-    """Each row's seed's index, the rows sorted by it (rows of one seed in their own order), its inverse, each
-    seed's first sorted row and row count (0 for a seed with no rows, its row0 where the next seed's start), and
-    zeros past the rows."""
+    """The order sorting the rows by seed (rows of one seed in their own order), its inverse, the sorted rows'
+    seeds' indices, each seed's first sorted row and row count (0 for a seed with no rows, its row0 where the
+    next seed's start), and zeros past the rows."""
     index = [2, 0, 2, 1, 0]
     got = row_tables(index, 7, 4)
     pad = [0, 0]
     order = [1, 4, 3, 0, 2]
-    assert got == index + pad + order + pad + [3, 0, 4, 2, 1] + pad + [0, 2, 3, 5] + [2, 1, 2, 0]
-    assert [order[i] for i in got[14:19]] == list(range(5))  # inverse ∘ order is the identity
+    assert got == order + pad + [3, 0, 4, 2, 1] + pad + [0, 0, 1, 2, 2] + pad + [0, 2, 3, 5] + [2, 1, 2, 0]
+    assert [order[i] for i in got[7:12]] == list(range(5))  # order ∘ inverse is the identity
     assert row_tables([], 2, 2) == [0] * 6 + [0, 0, 0, 0]
 
 
@@ -72,8 +73,8 @@ def test_a_launch_over_device_tables_gives_the_launch_over_the_same_groups(launc
     largest group's tiles), and the reference backend's too."""
     dtype, k = torch.bfloat16, 256
     x, w, b = base((len(index), k), dtype), base((48, k), dtype, 1), base((48,), dtype, 2)
-    rows = sorted_rows(index, 24)
-    xs = x.index_select(0, rows.order[:len(index)])
+    rows, order = sorted_rows(index, 24)
+    xs = x.index_select(0, order)
     counts = rows.tables.rows.tolist()
     assert 0 in counts
     groups = [g for g in rows.tables.groups() if g.rows]
@@ -91,7 +92,7 @@ def test_a_launch_over_device_tables_gives_the_launch_over_the_same_groups(launc
 
 def test_device_tables_are_checked():
     x, w = base((4, 64), torch.float32), base((8, 64), torch.float32, 1)
-    rows = sorted_rows([0, 1, 1, 0], 4)
+    rows, _ = sorted_rows([0, 1, 1, 0], 4)
     bad = SeedTables(rows.tables.row0.long(), rows.tables.rows, rows.tables.seeds, rows.tables.sigmas, POPULATION)
     with pytest.raises(ValueError, match="table row0"):
         seeded_linear(x, w, None, bad, 0, backend="triton")
@@ -115,30 +116,22 @@ class Tiny(torch.nn.Module):
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_the_sorted_ops_give_each_row_its_seeds_values_as_the_groups_do(backend, dtype):
-    """SortedRows against one group per run of rows, for rows whose seeds interleave (and a seed with none): the
-    linear's gather into seed order and back, the norm's stacked scales gathered by the row's seed, the
-    embedding's indices hashed under each row's seed; bit for bit, and the buffers' tail past the step's rows
+def test_the_ops_over_sorted_rows_give_each_row_its_seeds_values_as_groups_do(backend, dtype):
+    """SortedRows (rows in seed order, a seed with none) against the same rows in one group per seed given on the
+    host: the linear from the device tables, the norm's stacked scales gathered by the row's seed, the
+    embedding's indices hashed under each row's seed; bit for bit, and the buffers' tail past the call's rows
     (another step's) unread."""
     model = Tiny(dtype)
     weights = SeededWeights(model, backend=backend)
     index = [2, 0, 2, 2, 1, 0, 0, 2]
-    rows, groups = sorted_rows(index, 12), runs(index)
-    # the tail of the buffers as another, longer step left it: rows past this step's must not be read
-    rows.seed_index[8:] = 1
-    rows.order[8:] = 11
-    rows.inverse[8:] = 11
+    rows, _ = sorted_rows(index, 12)
+    groups = runs(sorted(index))
+    assert len(groups) == 3
+    rows.seed_index[8:] = 1  # the tail as another, longer step left it: rows past this call's must not be read
     x = base((8, 1, 64), dtype, 4)
     got = weights.linear(x, model.proj.weight, model.proj.bias, rows)
     assert got.shape == (8, 1, 48)
-    # the rows in seed order, a group per seed, put back in their order: the gather and scatter move rows only
-    order, by_seed = rows.order[:8], runs(sorted(index))
-    inverse = torch.argsort(order)
-    assert torch.equal(rows.inverse[:8].long(), inverse)
-    by_seed_rows = weights.linear(x[order], model.proj.weight, model.proj.bias, by_seed)[inverse]
-    assert torch.equal(got, by_seed_rows)
-    if backend == "triton" or dtype == torch.bfloat16:  # a row's sums whatever rows share its GEMM (not fp32 F.linear's)
-        assert torch.equal(got, weights.linear(x, model.proj.weight, model.proj.bias, groups))
+    assert torch.equal(got, weights.linear(x, model.proj.weight, model.proj.bias, groups))
     cache: dict = {}
     scale = weights.vector(model.norm, rows, x, cache)
     assert scale.shape == (8, 1, 64) and scale.is_contiguous()
@@ -147,7 +140,7 @@ def test_the_sorted_ops_give_each_row_its_seeds_values_as_the_groups_do(backend,
     ids = torch.tensor([[3], [3], [49], [0], [7], [49], [3], [12]])
     emb = weights.embedding(ids, model.embed, rows)
     assert torch.equal(emb, weights.embedding(ids, model.embed, groups))
-    assert not torch.equal(emb[0], emb[1])  # one token, two seeds: the control
+    assert not torch.equal(emb[1], emb[6])  # one token, two seeds: the control
     with pytest.raises(ValueError, match="one position each"):
         weights.linear(base((8, 2, 64), dtype), model.proj.weight, model.proj.bias, rows)
 

@@ -147,7 +147,7 @@ class SlotDecoder:
         pos = self.positions[:rows]
         k_cache, v_cache = [k[:rows] for k in lean.k], [v[:rows] for v in lean.v]
         rope_cache = rope_cache_fused if self.fused else rope_cache_reference
-        h = lean.embed_tokens(self.tokens[:rows, None])
+        h = lean.embed_tokens(self._rows_in(self.tokens[:rows])[:, None])
         if self.attention == "sdpa":
             visible = (self.key_index[None, :span] <= pos[:, None])[:, None, None, :]  # [rows, 1, 1, span]
         norms = [layer.input_layernorm for layer in lean.layers[1:]] + [model.model.norm]
@@ -159,7 +159,7 @@ class SlotDecoder:
             else:
                 pl = self.packed[li]
                 qkv = F.linear(x, pl.qkv_weight, pl.qkv_bias).split(pl.qkv_sizes, dim=-1)
-            qs, ks, vs = (t.view(rows, 1, -1, lean.head_dim).transpose(1, 2) for t in qkv)
+            qs, ks, vs = (self._rows_out(t).view(rows, 1, -1, lean.head_dim).transpose(1, 2) for t in qkv)
             qs = rope_cache(qs, ks, vs, lean.cos, lean.sin, pos, k_cache[li], v_cache[li])
             # The query heads that share a KV head attend as that head's query rows, so the cache is read
             # as it lies: with a mask, transformers' SDPA path would first copy every KV head
@@ -170,7 +170,7 @@ class SlotDecoder:
             else:
                 o = F.scaled_dot_product_attention(q, k_cache[li][:, :, :span], v_cache[li][:, :, :span],
                                                    attn_mask=visible, scale=attn.scaling)
-            o = o.reshape(rows, 1, -1)
+            o = self._rows_in(o.reshape(rows, 1, -1))
             x, h = lean._add_norm(h, lean._linear(o, attn.o_proj.weight, attn.o_proj.bias),
                                   layer.post_attention_layernorm)
             mlp = layer.mlp
@@ -182,7 +182,17 @@ class SlotDecoder:
                 out = F.linear(act, mlp.down_proj.weight)
             # the residual add and the next layer's norm (the final norm after the last) as one op
             x, h = lean._add_norm(h, out, norms[li])
-        return lean.logits(x[:, 0])
+        return self._rows_out(lean.logits(x[:, 0]))
+
+    def _rows_in(self, t: torch.Tensor) -> torch.Tensor:
+        """A step's per-slot tensor (rows in slot order) in the order its row-wise ops take the rows (here the
+        same: a subclass may reorder them, PopulationDecoder's rows sorted by seed); attention, the cache and the
+        step's outputs stay in slot order (`_rows_out` puts rows back)."""
+        return t
+
+    def _rows_out(self, t: torch.Tensor) -> torch.Tensor:
+        """`_rows_in`'s inverse: rows in the row-wise ops' order back in slot order."""
+        return t
 
     def _advance(self, span: int, rows: int) -> torch.Tensor:
         """A step over the first `rows` slots and what its tokens decide, on the device: each slot's next token

@@ -12,8 +12,8 @@ from transformers import PreTrainedModel
 from workflow_src.engine.decoder import SlotDecoder
 from workflow_src.engine.seeded_weights import SeededLean, SeededWeights, SortedRows
 from workflow_src.kernels.seeded_linear import SeedRows, SeedTables, group_tables
-from workflow_src.noise import speedproof as noise
 from workflow_src.model.lean_qwen2 import LeanQwen2
+from workflow_src.noise import speedproof as noise
 
 # Prefill tokens (a seed's prompts, padded) from which its linears run on its weights written into scratch: writing
 # and reading a weight costs about two more reads of it than the seeded kernel's one, which the library's GEMM
@@ -23,9 +23,10 @@ FORMED_PREFILL_TOKENS = 512
 
 
 def row_tables(index: Sequence[int], slots: int, seeds: int) -> list[int]:
-    """The host side of a SortedRows buffer (engine/seeded_weights.py) for rows whose seeds' indices (0 … seeds − 1)
-    are `index`, in a buffer of `slots` rows: each row's seed's index, the rows sorted by it (stable), the
-    inverse of that order, then each seed's first sorted row and its row count; zeros past the rows."""
+    """The host side of a sorted-rows buffer for rows whose seeds' indices (0 … seeds − 1) are `index`, in a
+    buffer of `slots` rows: the order sorting the rows by seed (stable: sorted row i is row order[i]), its
+    inverse (row r's sorted position), each sorted row's seed's index, then each seed's first sorted row and its
+    row count (SortedRows' tables, engine/seeded_weights.py); zeros past the rows."""
     index = list(index)
     rows = len(index)
     order = sorted(range(rows), key=index.__getitem__)
@@ -37,7 +38,7 @@ def row_tables(index: Sequence[int], slots: int, seeds: int) -> list[int]:
         counts[b] += 1
     row0 = list(itertools.accumulate(counts, initial=0))[:-1]
     pad = [0] * (slots - rows)
-    return index + pad + order + pad + inverse + pad + row0 + counts
+    return order + pad + inverse + pad + sorted(index) + pad + row0 + counts
 
 
 class PopulationDecoder(SlotDecoder):
@@ -55,8 +56,10 @@ class PopulationDecoder(SlotDecoder):
         """`seeds`: the population's (seed, σ); item i of the engine's queue is prompt i % prompts_per_seed under
         seed i // prompts_per_seed. `graphs`: on a GPU with the triton backend, each step as a CUDA graph; the
         reference backend reconstructs each seed's weights in every call and runs eager. `sorted_rows`: a step's
-        rows as data (SortedRows: each row's seed's index, the rows sorted by it, each seed's row count), kept in
-        buffers on the device that are rewritten in place before a step whose slots' seeds changed, so one graph
+        seeds as data (the order sorting its rows by seed and its inverse, each sorted row's seed's index, each
+        seed's first row and row count: `row_tables`), kept in a buffer on the device that is rewritten in place
+        before a step whose slots' seeds changed; the step's row-wise ops run on its rows in seed order
+        (`_rows_in`, SortedRows), attention in slot order, so one graph
         per row count and span replays every arrangement of the seeds (the continuous schedule's, which changes
         with each admission); otherwise one group per run of slots of one seed, and one graph per arrangement
         of the slots' seeds (the seeds and σ are part of what a graph replays: the embedding and norms take them
@@ -73,14 +76,15 @@ class PopulationDecoder(SlotDecoder):
             for seed, _ in self.seeds:
                 noise.check_seed(seed)
             n = len(self.seeds)
-            # one int32 buffer, one host-to-device copy: seed index, order, inverse [slots each], row0, rows [n]
+            # one int32 buffer, one host-to-device copy: order, inverse, the sorted rows' seed index [slots each],
+            # the seeds' row0 and rows [n] (row_tables)
             self._row_tables = torch.zeros(3 * slots + 2 * n, dtype=torch.int32, device=device)
-            seed_index, order, inverse, row0, rows = self._row_tables.split([slots, slots, slots, n, n])
+            self._order, self._inverse, seed_index, row0, rows = self._row_tables.split([slots, slots, slots, n, n])
             tables = SeedTables(row0, rows, torch.tensor([s for s, _ in self.seeds], dtype=torch.int64, device=device),
                                 torch.tensor([noise.sigma_fp32(g) for _, g in self.seeds], dtype=torch.float32,
                                              device=device),
                                 tuple((int(s), float(g)) for s, g in self.seeds))
-            self._sorted = SortedRows(seed_index, order, inverse, tables)
+            self._sorted = SortedRows(seed_index, tables)
             self._loaded: tuple | None = None  # (rows, their slots' seeds) the buffers hold
 
     def _make_lean(self, model: PreTrainedModel, slots: int, capacity: int, fused: bool) -> LeanQwen2:
@@ -118,6 +122,16 @@ class PopulationDecoder(SlotDecoder):
         cuda = self._row_tables.is_cuda
         self._row_tables.copy_(host.pin_memory() if cuda else host, non_blocking=cuda)
         self._loaded = key
+
+    def _rows_in(self, t: torch.Tensor) -> torch.Tensor:
+        """With `sorted_rows`, the step's rows sorted by seed: the embedding, norms and linears run on them (one
+        group per seed from the tables); attention, the cache and the outputs stay in slot order (`_rows_out`),
+        so the rows move twice a layer (q, k, v out of seed order, attention's output into it) and once at each
+        end of the step."""
+        return t.index_select(0, self._order[:t.shape[0]]) if self.sorted_rows else t
+
+    def _rows_out(self, t: torch.Tensor) -> torch.Tensor:
+        return t.index_select(0, self._inverse[:t.shape[0]]) if self.sorted_rows else t
 
     def _capture(self, fn, span: int, rows: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         graph, out = super()._capture(fn, span, rows)

@@ -14,12 +14,11 @@ rounding to the stored dtype), so a seed's rows see exactly the weights `Perturb
 - norm scales: each seed's vector, repeated over its rows (the norm multiplies elementwise, row by row).
 
 A step's rows come as groups on the host (`SeedRows`, one per run of rows of one seed), or as data on the device
-(`SortedRows`: each row's seed's index, a permutation sorting the rows by it, and each seed's first sorted row and
-row count), which the caller rewrites in place when the rows' seeds change, so one CUDA graph of a step replays
-every arrangement of the seeds over its rows: a linear gathers its input rows in seed order, runs the seeded
-linear over one group per seed from the tables (SeedTables) and gathers the output rows back; the norms' scales
-are each seed's vector, stacked and gathered by the row's seed's index; the embedding hashes each row's indices
-under its row's seed.
+(`SortedRows`: rows sorted by seed, each row's seed's index and each seed's first row and row count), which the
+caller rewrites in place when the rows' seeds change, so one CUDA graph of a step replays every arrangement of
+the seeds over its rows: a linear runs the seeded linear over one group per seed from the tables (SeedTables),
+the norms' scales are each seed's vector, stacked and gathered by the row's seed's index, and the embedding
+hashes each row's indices under its row's seed.
 
 Which parameters, and their global indices, are the Perturber's (`select_parameters`, `noise.schemes.layout`):
 a parameter left out is read as it is. Parameters are found by their storage address, so whatever reads a
@@ -57,15 +56,12 @@ EMBEDDING_CHUNK = 1 << 20
 
 @dataclass(frozen=True)
 class SortedRows:
-    """The rows of a step as data on the device (module doc): for the first B rows of a call over B rows,
-    `seed_index[:B]` (int32) each row's index into `tables.population`, `order[:B]` (int32) the rows sorted by it
-    (stably; sorted position i holds row order[i]), `inverse[:B]` its inverse (row r's sorted position), and
-    `tables` one group per seed over the sorted rows (row0, rows: the seed's first sorted row and its row count,
-    0 for a seed with none; the seeds' int64 values and their σ in fp32). Views of buffers the caller keeps and
-    rewrites in place; the ops only read them."""
+    """The rows of a step as data on the device (module doc), sorted by seed: for a call over B rows,
+    `seed_index[:B]` (int32, non-decreasing) each row's index into `tables.population`, and `tables` one group per
+    seed (row0, rows: the seed's first row and its row count, 0 for a seed with none; the seeds' int64 values and
+    their σ in fp32). Views of buffers the caller keeps and rewrites in place; the ops only read them (the
+    caller puts its rows in this order: PopulationDecoder._rows_in)."""
     seed_index: torch.Tensor
-    order: torch.Tensor
-    inverse: torch.Tensor
     tables: SeedTables
 
 
@@ -108,28 +104,19 @@ class SeededWeights:
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                groups: list[SeedRows] | SortedRows) -> torch.Tensor:
         """F.linear of x [B, ..., K] whose batch rows fall into `groups`, each with its seed's weight and bias."""
-        if isinstance(groups, SortedRows):
-            return self._sorted_linear(x, weight, bias, groups)
         lead, k = x.shape[:-1], x.shape[-1]
+        if isinstance(groups, SortedRows):
+            if x.shape[0] and x[0].numel() != k:
+                raise ValueError(f"population decode: sorted rows are one position each (a decode step's), got x "
+                                 f"of shape {tuple(x.shape)}")
+            y = seeded_linear(x.reshape(-1, k), weight, bias, groups.tables, self.offset(weight), self.offset(bias),
+                              scheme=self.scheme, backend=self.backend, launch=self.launch)
+            return y.view(*lead, weight.shape[0])
         per_row = x[0].numel() // k if x.shape[0] else 1  # positions of a batch row
         flat = [SeedRows(g.row0 * per_row, g.rows * per_row, g.seed, g.sigma) for g in groups]
         y = seeded_linear(x.reshape(-1, k), weight, bias, flat, self.offset(weight), self.offset(bias),
                           scheme=self.scheme, backend=self.backend, launch=self.launch)
         return y.view(*lead, weight.shape[0])
-
-    def _sorted_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                       rows: SortedRows) -> torch.Tensor:
-        """`linear` over SortedRows: x's batch rows gathered in seed order, one group per seed from the tables,
-        and the output's rows gathered back into x's order (the rows a group per run of them gives wherever a
-        row's sums do not depend on which rows share its tile)."""
-        b, k = x.shape[0], x.shape[-1]
-        if b and x[0].numel() != k:
-            raise ValueError(f"population decode: sorted rows are one position each (a decode step's), got x of "
-                             f"shape {tuple(x.shape)}")
-        xs = x.reshape(b, k).index_select(0, rows.order[:b])
-        y = seeded_linear(xs, weight, bias, rows.tables, self.offset(weight), self.offset(bias), scheme=self.scheme,
-                          backend=self.backend, launch=self.launch)
-        return y.index_select(0, rows.inverse[:b]).view(*x.shape[:-1], weight.shape[0])
 
     def formed_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                       group: SeedRows) -> torch.Tensor:
