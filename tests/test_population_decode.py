@@ -49,8 +49,8 @@ def single_seed(model, tok, prompts, exclude=()):
 def test_each_seed_decodes_as_the_single_seed_engine_on_its_weights(model_and_tokenizer, prompts, seeds_per_step,
                                                                     exclude, continuous, monkeypatch):
     model, tok = model_and_tokenizer
-    steps, groups, step_ops = [], PopulationDecoder._groups, PopulationDecoder._step_ops
-    monkeypatch.setattr(PopulationDecoder, "_step_ops",
+    steps, groups, step_ops = [], PopulationDecoder._groups, PopulationDecoder._step_rows
+    monkeypatch.setattr(PopulationDecoder, "_step_rows",
                         lambda self, span, rows: steps.append(groups(self, range(rows))) or step_ops(self, span, rows))
     want, base = single_seed(model, tok, prompts, exclude)
     assert all(w != base for w in want)  # the seeds' weights change the tokens: the comparison can fail
@@ -277,7 +277,7 @@ def continuous_by_path(engine, monkeypatch, sorted_rows, *args, **kwargs):
 def test_the_continuous_schedules_rows_sorted_by_seed_give_the_tokens_of_a_group_per_run(model_and_tokenizer, prompts,
                                                                                          monkeypatch, backend, fused):
     """The continuous schedule's steps read the rows' seeds from tables on the device (SortedRows): the same
-    tokens as one group per run of slots of one seed, bit for bit, over steps with several seeds, uneven groups,
+    tokens as one group per run of slots of one seed, over steps with several seeds, uneven groups,
     refills, a seed with no rows yet and one whose rows have all ended (the triton backend interpreted, the
     fused kernels interpreted where asked)."""
     model, tok = model_and_tokenizer
@@ -317,3 +317,29 @@ def test_a_sorted_rows_decoder_moves_its_rows_into_seed_order_and_back(model_and
         assert torch.equal(decoder._row_tables, tables)
     blocks = PopulationDecoder(model, 6, POPULATION, 1, 16, SeededWeights(model))
     assert torch.equal(blocks._rows_in(t), t) and blocks._graph_key("tokens", 6, 128)[3] == (0,) * 6
+
+
+def test_a_sorted_rows_decoders_logits_are_in_slot_order(model_and_tokenizer, prompts):
+    """`decode` (a step's logits, not its greedy tokens) with `sorted_rows`, for slots whose seeds interleave: row
+    by row the logits of a decoder of one group per run of slots whose slots hold the same prompts in seed order
+    (so both run the same groups of rows: in fp32 the CPU's GEMM rounds a row by the rows beside it)."""
+    model, tok = model_and_tokenizer
+    ids = [tok(p)["input_ids"] for p in prompts[:5]]
+    seeds = [2, 0, 2, 1, 0]
+    order = sorted(range(5), key=seeds.__getitem__)
+
+    def step(sorted_rows, slot_of):
+        decoder = PopulationDecoder(model, 5, POPULATION, 1, 64, SeededWeights(model), sorted_rows=sorted_rows)
+        for b in range(len(POPULATION)):  # each seed's prompts prefilled together, in the same order in both
+            mine = [i for i in range(5) if seeds[i] == b]
+            slots = [slot_of[i] for i in mine]
+            decoder.admitted(slots, [b] * len(mine))
+            first = decoder.prefill([ids[i] for i in mine], slots)
+            decoder.tokens[slots] = first.argmax(-1)
+            decoder.positions[slots] = torch.tensor([len(ids[i]) for i in mine])
+        return decoder.decode(max(map(len, ids))).clone()
+
+    by_seed = step(False, {i: at for at, i in enumerate(order)})  # prompt order[at] in slot at
+    got = step(True, {i: i for i in range(5)})
+    assert torch.equal(got, by_seed[[order.index(i) for i in range(5)]])
+    assert not torch.equal(got[0], got[1])

@@ -143,6 +143,10 @@ class SlotDecoder:
             return self._step_ops(span, rows)
 
     def _step_ops(self, span: int, rows: int) -> torch.Tensor:
+        return self._rows_out(self._step_rows(span, rows))
+
+    def _step_rows(self, span: int, rows: int) -> torch.Tensor:
+        """The step's logits with its rows in the row-wise ops' order (`_rows_in`)."""
         lean, model = self.lean, self.model
         pos = self.positions[:rows]
         k_cache, v_cache = [k[:rows] for k in lean.k], [v[:rows] for v in lean.v]
@@ -182,7 +186,7 @@ class SlotDecoder:
                 out = F.linear(act, mlp.down_proj.weight)
             # the residual add and the next layer's norm (the final norm after the last) as one op
             x, h = lean._add_norm(h, out, norms[li])
-        return self._rows_out(lean.logits(x[:, 0]))
+        return lean.logits(x[:, 0])
 
     def _rows_in(self, t: torch.Tensor) -> torch.Tensor:
         """A step's per-slot tensor (rows in slot order) in the order its row-wise ops take the rows (here the
@@ -203,7 +207,8 @@ class SlotDecoder:
             return self._advance_ops(span, rows)
 
     def _advance_ops(self, span: int, rows: int) -> torch.Tensor:
-        nxt = self._step_ops(span, rows).argmax(-1)
+        # each row's token where its logits are (a row's argmax is its own), then in slot order
+        nxt = self._rows_out(self._step_rows(span, rows).argmax(-1))
         on, left, positions = self.live[:rows], self.left[:rows], self.positions[:rows]
         self.tokens[:rows] = nxt
         positions += on

@@ -126,8 +126,8 @@ class PopulationDecoder(SlotDecoder):
     def _rows_in(self, t: torch.Tensor) -> torch.Tensor:
         """With `sorted_rows`, the step's rows sorted by seed: the embedding, norms and linears run on them (one
         group per seed from the tables); attention, the cache and the outputs stay in slot order (`_rows_out`),
-        so the rows move twice a layer (q, k, v out of seed order, attention's output into it) and once at each
-        end of the step."""
+        so the rows move twice a layer (q, k, v out of seed order, attention's output into it), and at the ends of
+        the step (the tokens into seed order, the greedy tokens, or a `decode`'s logits, out of it)."""
         return t.index_select(0, self._order[:t.shape[0]]) if self.sorted_rows else t
 
     def _rows_out(self, t: torch.Tensor) -> torch.Tensor:
@@ -165,10 +165,10 @@ class PopulationDecoder(SlotDecoder):
             self.lean.formed = False
         return torch.cat(out)
 
-    def _step_ops(self, span: int, rows: int) -> torch.Tensor:
+    def _step_rows(self, span: int, rows: int) -> torch.Tensor:
         if self.sorted_rows:
             self._load_rows(rows)  # (already loaded where the step came through _run_step: then a capture copies nothing)
             self.lean.groups = self._sorted
         else:
             self.lean.groups = self._groups(range(rows))
-        return super()._step_ops(span, rows)
+        return super()._step_rows(span, rows)
