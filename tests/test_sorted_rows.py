@@ -93,11 +93,11 @@ def test_a_launch_over_device_tables_gives_the_launch_over_the_same_groups(launc
 def test_device_tables_are_checked():
     x, w = base((4, 64), torch.float32), base((8, 64), torch.float32, 1)
     rows, _ = sorted_rows([0, 1, 1, 0], 4)
-    bad = SeedTables(rows.tables.row0.long(), rows.tables.rows, rows.tables.seeds, rows.tables.sigmas, POPULATION)
     with pytest.raises(ValueError, match="table row0"):
+        bad = SeedTables(rows.tables.row0.long(), rows.tables.rows, rows.tables.seeds, rows.tables.sigmas, POPULATION)
         seeded_linear(x, w, None, bad, 0, backend="triton")
-    short = SeedTables(rows.tables.row0, rows.tables.rows, rows.tables.seeds, rows.tables.sigmas, POPULATION[:2])
     with pytest.raises(ValueError, match=r"\[2\]"):
+        short = SeedTables(rows.tables.row0, rows.tables.rows, rows.tables.seeds, rows.tables.sigmas, POPULATION[:2])
         seeded_linear(x, w, None, short, 0, backend="reference")
     with pytest.raises(ValueError, match="drop /words"):
         seeded_linear(x, w, None, rows.tables, 0, backend="triton", launch=SeededLaunch(words=True))

@@ -166,8 +166,7 @@ class PopulationDecoder(SlotDecoder):
         return torch.cat(out)
 
     def _step_rows(self, span: int, rows: int) -> torch.Tensor:
-        if self.sorted_rows:
-            self._load_rows(rows)  # (already loaded where the step came through _run_step: then a capture copies nothing)
+        if self.sorted_rows:  # its tables loaded by _run_step, before a graph captures or replays the step
             self.lean.groups = self._sorted
         else:
             self.lean.groups = self._groups(range(rows))

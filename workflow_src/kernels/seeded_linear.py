@@ -222,6 +222,19 @@ class SeedTables:
     sigmas: torch.Tensor
     population: tuple[tuple[int, float], ...]
 
+    def __post_init__(self):
+        """The tables' dtypes, lengths, one device and valid seeds, once (their row counts stay on the device,
+        unread): a decode step's ~200 linears take the same tables."""
+        want = {"row0": torch.int32, "rows": torch.int32, "seeds": torch.int64, "sigmas": torch.float32}
+        device = self.row0.device
+        for name, dtype in want.items():
+            t = getattr(self, name)
+            if t.dtype != dtype or t.dim() != 1 or t.shape[0] != len(self.population) or t.device != device:
+                raise ValueError(f"seeded linear: table {name} must be {dtype} [{len(self.population)}] on {device}, "
+                                 f"got {t.dtype} {tuple(t.shape)} on {t.device}")
+        for seed, _ in self.population:
+            noise.check_seed(seed)
+
     def tables(self) -> tuple[torch.Tensor, ...]:
         return self.row0, self.rows, self.seeds, self.sigmas
 
@@ -229,18 +242,6 @@ class SeedTables:
         """The groups with rows, read back from the device."""
         return [SeedRows(r0, n, seed, sigma) for r0, n, (seed, sigma)
                 in zip(self.row0.tolist(), self.rows.tolist(), self.population) if n]
-
-
-def check_tables(tables: SeedTables, device: torch.device) -> None:
-    """The tables' shapes, dtypes and device (their row counts stay on the device, unread)."""
-    want = {"row0": torch.int32, "rows": torch.int32, "seeds": torch.int64, "sigmas": torch.float32}
-    for name, dtype in want.items():
-        t = getattr(tables, name)
-        if t.dtype != dtype or t.dim() != 1 or t.shape[0] != len(tables.population) or t.device != device:
-            raise ValueError(f"seeded linear: table {name} must be {dtype} [{len(tables.population)}] on {device}, "
-                             f"got {t.dtype} {tuple(t.shape)} on {t.device}")
-    for seed, _ in tables.population:
-        noise.check_seed(seed)
 
 
 def check_groups(groups: list[SeedRows], total_rows: int) -> None:
@@ -284,7 +285,8 @@ def seeded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         raise ValueError("seeded linear: bias must be [N] in the weight's dtype")
     tabled = isinstance(groups, SeedTables)
     if tabled:
-        check_tables(groups, x.device)
+        if groups.row0.device != x.device:
+            raise ValueError(f"seeded linear: tables on {groups.row0.device}, the input on {x.device}")
         if launch.words or words is not None:
             raise ValueError(f"seeded linear: launch {launch} with device tables takes no table of hash words; "
                              "drop /words")
