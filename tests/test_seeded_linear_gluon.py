@@ -72,6 +72,23 @@ def test_eight_forming_warps_split_the_tile_rather_than_repeat_it(launch):
     assert costs[1] < 1.2 * costs[0], costs
 
 
+@pytest.mark.skipif(not offline_compile.available(), reason="needs Triton's bundled ptxas and cuobjdump")
+@pytest.mark.parametrize("launch", LAUNCHES, ids=str)
+def test_the_forming_takes_few_instructions_a_weight(launch):
+    """The forming loop's SASS a weight (bench/seeded_linear_compile.py's forming_cost): the base read as 32-bit
+    pairs of bf16, each widened by one shift or one mask (no byte permutes), a sign by one instruction on its
+    word's hash or one of its 15 rotations, one fp32 add, half a paired rounding; with the hash and the K step's
+    loads, stores and barriers, under 5.25 where a thread forms two words a K step and under 5.65 where it forms
+    one (the K step's overhead over half the weights)."""
+    compiled = compile_offline(launch, True, k=3584)
+    words = launch.block_n * launch.block_k // (32 * 32 * launch.form_warps)
+    cost = forming_cost(launch, None, compiled)["per_element"]
+    assert cost < (5.25 if words >= 2 else 5.65), (words, cost)
+    sass = offline_compile.cuobjdump(compiled.asm["cubin"], "-sass")
+    (loop,) = [body for body in offline_compile.loops(sass) if re.search(r"\bSTS\b", body)]
+    assert "PRMT" not in loop and "F2FP.BF16.F32.PACK_AB" in loop
+
+
 def test_gluon_launches_are_refused_where_they_do_not_apply():
     for bad, why in (("128/128/64/4/3/swap/gluon", "takes /tma"), ("128/128/64/2/3/swap/tma/gluon", "multiple of 4"),
                      ("128/128/64/4/3/swap/tma/ws/gluon", "drop those"), ("128/128/64/4/3/tma/gluon/k4", "drop those"),

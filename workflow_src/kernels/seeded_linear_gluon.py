@@ -8,10 +8,10 @@ work. Here each program (seed group, row tile, column tile) runs three partition
 
 - a loader warp: TMA copies of the rows' tile [BLOCK_M, BLOCK_K] and the base weight tile [BLOCK_N, BLOCK_K] into
   a ring of `num_stages` shared-memory slots, each signalled on its own mbarrier;
-- the launch's forming warps (4, or N with /fN): the base tile from shared memory into registers, the seed's tile
-  formed with the Triton kernel's arithmetic (its `_murmur3_word`, one 32-bit hash per 32 weights,
-  `_signed_sigma`'s LOP3, one fp32 add, round to nearest even), written to a ring of formed tiles in the NVMMA
-  layout wgmma reads;
+- the launch's forming warps (4, or N with /fN): the base tile from shared memory into registers as 32-bit pairs
+  of bf16, the seed's tile formed with the Triton kernel's arithmetic (its `_murmur3_word`, one 32-bit hash per
+  32 weights; σ with its sign flipped by one bit of it, one fp32 add, round to nearest even) in about five
+  instructions a weight, written as pairs to a ring of formed tiles in the NVMMA layout wgmma reads;
 - the launch's `num_warps` warps (the default partition): wgmma on (rows, formed tile) in fp32, one stage in
   flight while the forming warps form the next, then the epilogue (the bias, perturbed as the Triton kernel's,
   and the rounded store of this seed's rows).
@@ -82,47 +82,73 @@ def _load_partition(x_desc, w_desc, x_bufs, w_bufs, x_ready, w_ready, x_free, w_
         tma.async_copy_global_to_shared(x_desc, [x_row, i * block_k], x_ready.index(s), x_bufs.index(s))
 
 
+def _pack_bf16x2(lo, hi):
+    """fp32 pairs rounded to bf16 (to nearest even, as `.to(bfloat16)` rounds each) and packed into one 32-bit
+    word, lo in the low half: the element order of a bf16 pair in memory."""
+    return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi], dtype=gl.uint32,
+                                     is_pure=True, pack=1)
+
+
 def _form_partition(w_bufs, f_bufs, w_ready, w_free, f_ready, f_free, row_word0, words_per_row, seed, sigma_bits,
                     k_tiles, PERTURB_W: gl.constexpr, ROW_WARPS: gl.constexpr):
     stages: gl.constexpr = w_bufs.shape[0]
     block_n: gl.constexpr = w_bufs.shape[1]
     block_k: gl.constexpr = w_bufs.shape[2]
     words: gl.constexpr = block_k // 32
-    # A thread holds whole words (32 weights of one row): each word is hashed once, by the thread that uses it,
-    # and a weight's sign bit sits at a constant shift in its register. The warps take 32 rows each; warps
-    # beyond the tile's rows / 32 take a row's words instead (SeededLaunch.form_split), where laid over the rows
-    # they would repeat other warps' rows, forming those weights twice.
+    # The tiles read and written as 32-bit pairs of bf16 (weight 2p in the low half, 2p + 1 in the high): the
+    # same bytes in the same NVMMA swizzle, which moves 16-byte pieces whatever the element width.
+    pair_layout: gl.constexpr = gl.NVMMASharedLayout(w_bufs.layout.swizzle_byte_width, 32, rank=2)
+    w_pairs = w_bufs._reinterpret(gl.uint32, [stages, block_n, block_k // 2], pair_layout)
+    f_pairs = f_bufs._reinterpret(gl.uint32, [stages, block_n, block_k // 2], pair_layout)
+    # A thread holds whole words (32 weights of one row, 16 pairs): each word is hashed once, by the thread that
+    # uses it. The warps take 32 rows each; warps beyond the tile's rows / 32 take a row's words instead
+    # (SeededLaunch.form_split), where laid over the rows they would repeat other warps' rows, forming those
+    # weights twice.
     word_warps: gl.constexpr = gl.num_warps() // ROW_WARPS
-    tile: gl.constexpr = gl.BlockedLayout([1, 1, 32], [32, 1, 1], [ROW_WARPS, word_warps, 1], [2, 1, 0])
-    flat: gl.constexpr = gl.BlockedLayout([1, 32], [32, 1], [ROW_WARPS, word_warps], [1, 0])
+    tile: gl.constexpr = gl.BlockedLayout([1, 1, 16], [32, 1, 1], [ROW_WARPS, word_warps, 1], [2, 1, 0])
+    flat: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [ROW_WARPS, word_warps], [1, 0])
     word_of: gl.constexpr = gl.SliceLayout(2, tile)
     rows = gl.arange(0, block_n, layout=gl.SliceLayout(1, word_of))
     # each row's first word index, once: a K step adds its words in 32 bits (the Triton kernel's WORD32 path)
     row_words = row_word0 + rows.to(gl.uint32) * words_per_row
     word_at = gl.arange(0, words, layout=gl.SliceLayout(0, word_of)).to(gl.uint32)
-    bit = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, tile)))
-    to_sign = (31 - bit).to(gl.uint32)
+    pair = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, tile))).to(gl.uint32)
+    # A pair's signs from rotations of its word's hash: rotated right by 2p, bit 2p (pair p's low weight's sign)
+    # sits at bit 0; rotated by 2p + 2, bit 2p + 1 (its high weight's) at bit 31. The rotation by 2p + 2 is pair
+    # p + 1's by 2(p + 1), the one by 32 or 0 the hash itself: 15 rotations a word, each serving two weights.
+    right = 2 * pair
+    left = (32 - right) % 32
+    nxt = (right + 2) % 32
+    nxt_left = (32 - nxt) % 32
+    s = 0  # the ring's slot and its phase, carried: a division by a stage count of 3 costs the K step ten
+    phase = 0  # instructions
     for i in range(k_tiles * PERTURB_W):  # nothing perturbed: the wgmma reads the base tiles, this partition idles
-        s = i % stages
-        phase = (i // stages) & 1
         mbarrier.wait(w_ready.index(s), phase)
-        w = w_bufs.index(s).load(flat)
+        w = w_pairs.index(s).load(flat)
         # the slot's reads ordered before the loader's next TMA write into it
         fence_async_shared()
         mbarrier.arrive(w_free.index(s), count=1)
-        hw = _murmur3_word(row_words[:, None] + (i * words + word_at)[None, :], seed)
-        # weight j of a word is bit j of its hash, moved to bit 31
-        t = hw[:, :, None] << to_sign[None, None, :]
-        signed = _signed_sigma(t, sigma_bits)
-        signed = gl.convert_layout(gl.reshape(signed, [block_n, block_k]), flat, assert_trivial=True)
-        # σ·R is σ with its sign flipped where R = −1: exact, so one fp32 add and one rounding (to nearest
-        # even) give the reconstruct kernel's bits
-        w = (w.to(gl.float32) + signed.to(gl.float32, bitcast=True)).to(gl.bfloat16)
+        hw = _murmur3_word(row_words[:, None] + (i * words + word_at)[None, :], seed)[:, :, None]
+        # σ's bits with the sign flipped by one bit of a rotation, one instruction each: bit 0 moved to bit 31
+        # and added (adding 2**31 flips bit 31 alone: a shift-and-add, IMAD), bit 31 by _signed_sigma's LOP3
+        lo_sigma = (((hw >> right[None, None, :]) | (hw << left[None, None, :])) << 31) + sigma_bits
+        hi_sigma = _signed_sigma((hw >> nxt[None, None, :]) | (hw << nxt_left[None, None, :]), sigma_bits)
+        lo_sigma = gl.convert_layout(gl.reshape(lo_sigma, [block_n, block_k // 2]), flat, assert_trivial=True)
+        hi_sigma = gl.convert_layout(gl.reshape(hi_sigma, [block_n, block_k // 2]), flat, assert_trivial=True)
+        # a bf16 widens to fp32 exactly as its bits in the high half (a pair's low weight shifted there, its
+        # high weight's low half cleared); σ·R is σ with its sign flipped where R = −1: exact, so one fp32 add
+        # and one rounding (to nearest even) give the reconstruct kernel's bits
+        lo = (w << 16).to(gl.float32, bitcast=True) + lo_sigma.to(gl.float32, bitcast=True)
+        hi = (w & 0xFFFF0000).to(gl.float32, bitcast=True) + hi_sigma.to(gl.float32, bitcast=True)
         mbarrier.wait(f_free.index(s), phase ^ 1)
-        f_bufs.index(s).store(w)
+        f_pairs.index(s).store(_pack_bf16x2(lo, hi))
         # the generic-proxy stores made visible to the wgmma's async-proxy reads
         fence_async_shared()
         mbarrier.arrive(f_ready.index(s), count=1)
+        s += 1
+        wrap = s == stages
+        phase = phase ^ wrap.to(gl.int32)
+        s = gl.where(wrap, 0, s)
 
 
 def _mma_partition(x_bufs, f_bufs, x_ready, x_free, f_ready, f_free, k_tiles, acc_layout: gl.constexpr,
@@ -233,7 +259,7 @@ def _seeded_linear_gluon_body(x_desc, w_desc, b_ptr, y_ptr, row0_ptr, rows_ptr, 
 
 
 HELPERS = (_key_mix, _state_step, _fmix32, _splat, _murmur3_key, _murmur3_word, _v2_flip, _signed_sigma,
-           _load_partition, _form_partition, _mma_partition)
+           _pack_bf16x2, _load_partition, _form_partition, _mma_partition)
 
 
 @functools.cache
