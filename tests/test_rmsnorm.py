@@ -173,7 +173,8 @@ def test_gpu_fused_equals_eager_autograd(dname, shape, add):
 @pytest.mark.parametrize("shape", [(1024, 1, 3584), (8, 200, 896)])
 @pytest.mark.parametrize("add", [False, True])
 def test_gpu_a_scale_per_row_equals_the_eager_broadcast(shape, add):
-    """A population decode's norms on a GPU: eager CUDA's bits with a scale per leading row."""
+    """A population decode's norms on a GPU: eager CUDA's bits with a scale per leading row, given as one per row and
+    as a table read by each row's index (RowScales)."""
     x, u, _, _, _ = (t.cuda() for t in _inputs(shape, torch.bfloat16, seed=11))
     g = torch.Generator(device="cuda").manual_seed(12)
     w = (1 + 0.1 * torch.randn((shape[0], 1, shape[-1]), generator=g, device="cuda")).bfloat16()
@@ -182,6 +183,17 @@ def test_gpu_a_scale_per_row_equals_the_eager_broadcast(shape, add):
             got, want = rmsnorm.add_rms_norm_fused(x, u, w, 1e-6), rmsnorm.add_rms_norm(x, u, w, 1e-6)
         else:
             got, want = (rmsnorm.rms_norm_fused(x, w, 1e-6),), (rmsnorm.rms_norm(x, w, 1e-6),)
+    for a, b in zip(got, want):
+        assert bit_equal(a, b), ulp_stats(a, b)
+    # the same scales as a table of eight and each row's index into it, read by the kernel
+    index = torch.arange(shape[0], dtype=torch.int32, device="cuda") % 8
+    table = w.view(shape[0], shape[-1])[:8].contiguous()
+    scales = rmsnorm.RowScales(table, index)
+    with torch.no_grad():
+        if add:
+            got, want = rmsnorm.add_rms_norm_fused(x, u, scales, 1e-6), rmsnorm.add_rms_norm(x, u, scales, 1e-6)
+        else:
+            got, want = (rmsnorm.rms_norm_fused(x, scales, 1e-6),), (rmsnorm.rms_norm(x, scales, 1e-6),)
     for a, b in zip(got, want):
         assert bit_equal(a, b), ulp_stats(a, b)
 
@@ -281,6 +293,48 @@ def test_a_scale_per_leading_row_gives_the_broadcast_products_bits(shape, add):
     # with gradients the per-row scale takes the eager ops (the backward kernel takes one scale)
     xg = x.float().requires_grad_()
     assert bit_equal(rmsnorm.rms_norm_fused(xg, w.float(), 1e-6), rmsnorm.rms_norm(xg, w.float(), 1e-6))
+
+
+@pytest.mark.parametrize("shape", [(6, 200), (3, 5, 200), (20, 1, 256)])
+@pytest.mark.parametrize("add", [False, True])
+def test_a_scale_read_from_a_table_by_each_rows_index_gives_the_gathered_scales_bits(shape, add):
+    """RowScales (a table of the seeds' vectors and each leading row's index into it): interpreted, the fused
+    forward's bits with the same scales gathered into one per row, and the eager ops' with them; the index's
+    tail past the rows unread; the control: another index gives other rows."""
+    x, u, _, _, _ = _inputs(shape, torch.bfloat16, seed=9)
+    g = torch.Generator().manual_seed(10)
+    table = (1 + 0.1 * torch.randn((3, shape[-1]), generator=g)).bfloat16()
+    index = torch.tensor([2, 0, 1, 2, 2, 0] * 4, dtype=torch.int32)[:shape[0] + 2]
+    index[shape[0]:] = 7  # past the table: a read of the tail would fail or differ
+    scales = rmsnorm.RowScales(table, index)
+    gathered = scales.gathered(x)
+    assert gathered.shape == (shape[0],) + (1,) * (len(shape) - 2) + (shape[-1],)
+    assert rmsnorm.fusable(x, scales)
+    with torch.no_grad():
+        if add:
+            got, want = rmsnorm.add_rms_norm_fused(x, u, scales, 1e-6), rmsnorm.add_rms_norm_fused(x, u, gathered, 1e-6)
+        else:
+            got, want = (rmsnorm.rms_norm_fused(x, scales, 1e-6),), (rmsnorm.rms_norm_fused(x, gathered, 1e-6),)
+    for a, b in zip(got, want):
+        assert bit_equal(a, b)
+    h = want[1] if add else x
+    assert bit_equal(rmsnorm.rms_norm(h, scales, 1e-6), rmsnorm.rms_norm(h, gathered, 1e-6))
+    other = rmsnorm.RowScales(table, (index[:shape[0]] + 1) % 3)
+    assert not bit_equal(rmsnorm.rms_norm_fused(h, other, 1e-6), rmsnorm.rms_norm_fused(h, scales, 1e-6))
+    # with gradients the table takes the eager ops (the backward kernel takes one scale)
+    xg = x.float().requires_grad_()
+    fp32 = rmsnorm.RowScales(table.float(), index)
+    assert bit_equal(rmsnorm.rms_norm_fused(xg, fp32, 1e-6), rmsnorm.rms_norm(xg, fp32.gathered(x), 1e-6))
+
+
+def test_a_table_of_scales_that_does_not_fit_is_refused():
+    x = torch.randn(4, 3, 64)
+    for bad in (rmsnorm.RowScales(torch.ones(2, 32), torch.zeros(4, dtype=torch.int32)),
+                rmsnorm.RowScales(torch.ones(2, 64), torch.zeros(3, dtype=torch.int32)),
+                rmsnorm.RowScales(torch.ones(2, 64), torch.zeros(4, dtype=torch.int64))):
+        assert not rmsnorm.fusable(x, bad)
+        with pytest.raises(ValueError, match="weight"):
+            rmsnorm.rms_norm_fused_forward(x, bad, 1e-6)
 
 
 def test_a_weight_that_fits_neither_one_scale_nor_one_per_row_is_refused():

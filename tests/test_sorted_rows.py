@@ -118,7 +118,7 @@ class Tiny(torch.nn.Module):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_the_ops_over_sorted_rows_give_each_row_its_seeds_values_as_groups_do(backend, dtype):
     """SortedRows (rows in seed order, a seed with none) against the same rows in one group per seed given on the
-    host: the linear from the device tables, the norm's stacked scales gathered by the row's seed, the
+    host: the linear from the device tables, the norm's stacked scales read by the row's seed, the
     embedding's indices hashed under each row's seed; bit for bit, and the buffers' tail past the call's rows
     (another step's) unread."""
     model = Tiny(dtype)
@@ -134,9 +134,9 @@ def test_the_ops_over_sorted_rows_give_each_row_its_seeds_values_as_groups_do(ba
     assert torch.equal(got, weights.linear(x, model.proj.weight, model.proj.bias, groups))
     cache: dict = {}
     scale = weights.vector(model.norm, rows, x, cache)
-    assert scale.shape == (8, 1, 64) and scale.is_contiguous()
-    assert torch.equal(scale, weights.vector(model.norm, groups, x))
-    assert torch.equal(weights.vector(model.norm, rows, x, cache), scale) and len(cache) == 1  # formed once
+    assert scale.table.shape == (len(rows.tables.population), 64) and scale.gathered(x).shape == (8, 1, 64)
+    assert torch.equal(scale.gathered(x), weights.vector(model.norm, groups, x).gathered(x))
+    assert weights.vector(model.norm, rows, x, cache).table is scale.table and len(cache) == 1  # formed once
     ids = torch.tensor([[3], [3], [49], [0], [7], [49], [3], [12]])
     emb = weights.embedding(ids, model.embed, rows)
     assert torch.equal(emb, weights.embedding(ids, model.embed, groups))

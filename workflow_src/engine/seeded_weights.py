@@ -10,14 +10,16 @@ rounding to the stored dtype), so a seed's rows see exactly the weights `Perturb
   a prefill, one seed's thousands of rows at a time, instead writes that seed's weight into a scratch tensor
   (the reconstruct kernel, or the torch reference) and runs `F.linear` on it (`formed_linear`): its GEMMs are
   arithmetic-bound, and the library's run at the tensor cores' rate where the seeded kernel does not;
-- the embedding: the gathered rows of the base table, each perturbed at its own indices;
-- norm scales: each seed's vector, repeated over its rows (the norm multiplies elementwise, row by row).
+- the embedding: the gathered rows of the base table, each perturbed at its own indices (backend `triton`: one
+  launch for every row of a step, `kernels/seeded_embedding.py`);
+- norm scales: each seed's vector, given to the norm as a table of the seeds' vectors and each row's index into
+  it (`RowScales`; the fused RMSNorm kernel reads a row's scale by its index, the eager ops gather them).
 
 A step's rows come as groups on the host (`SeedRows`, one per run of rows of one seed), or as data on the device
 (`SortedRows`: rows sorted by seed, each row's seed's index and each seed's first row and row count), which the
 caller rewrites in place when the rows' seeds change, so one CUDA graph of a step replays every arrangement of
 the seeds over its rows: a linear runs the seeded linear over one group per seed from the tables (SeedTables),
-the norms' scales are each seed's vector, stacked and gathered by the row's seed's index, and the embedding
+the norms' scales are each seed's vector, stacked and read by the row's seed's index, and the embedding
 hashes each row's indices under its row's seed.
 
 Which parameters, and their global indices, are the Perturber's (`select_parameters`, `noise.schemes.layout`):
@@ -27,6 +29,7 @@ parameter tensor (the lean forward, the slot decoder) needs no names.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,6 +38,9 @@ import torch.nn.functional as F
 
 from workflow_src.engine.perturber import SUPPORTED, select_parameters
 from workflow_src.kernels.perturb import reconstruct_triton
+from workflow_src.kernels.rmsnorm import RowScales
+from workflow_src.kernels.seeded_embedding import DTYPES as EMBEDDING_DTYPES
+from workflow_src.kernels.seeded_embedding import seeded_rows, seeded_rows_reference
 from workflow_src.kernels.seeded_linear import (
     BACKENDS,
     DEFAULT_LAUNCH,
@@ -52,6 +58,33 @@ from workflow_src.noise import speedproof as noise
 
 # Elements of an embedding's gathered rows formed at once (their int64 indices and hash temporaries: tens of MB).
 EMBEDDING_CHUNK = 1 << 20
+
+
+def population_of(groups: list[SeedRows]) -> tuple[tuple[int, float], ...]:
+    """The groups' distinct (seed, σ), sorted: the rows of a table of one entry per seed (a norm's scales, the
+    embedding's seeds), the same for every order of the same seeds over the rows."""
+    return tuple(sorted({(g.seed, float(g.sigma)) for g in groups}))
+
+
+@functools.lru_cache(maxsize=64)
+def _row_index(runs: tuple[tuple[int, int], ...], device: torch.device) -> torch.Tensor:
+    """int32 [rows]: each row's entry in its population's tables, from (rows, entry) runs; made once for each
+    arrangement (a step's ops, and every step while no slot changes seed, read the same), as group_tables is."""
+    return torch.tensor([entry for rows, entry in runs for _ in range(rows)], dtype=torch.int32, device=device)
+
+
+@functools.lru_cache(maxsize=64)
+def _population_tables(population: tuple[tuple[int, float], ...], device: torch.device):
+    """(seeds int64, σ fp32) of a population on the device, made once."""
+    return (torch.tensor([seed for seed, _ in population], dtype=torch.int64, device=device),
+            torch.tensor([noise.sigma_fp32(sigma) for _, sigma in population], dtype=torch.float32, device=device))
+
+
+def row_index(groups: list[SeedRows], population: tuple[tuple[int, float], ...],
+              device: torch.device) -> torch.Tensor:
+    """Each of the groups' rows' entry in `population` (population_of's), on the device."""
+    entry = {p: i for i, p in enumerate(population)}
+    return _row_index(tuple((g.rows, entry[(g.seed, float(g.sigma))]) for g in groups), device)
 
 
 @dataclass(frozen=True)
@@ -151,17 +184,19 @@ class SeededWeights:
         if offset is None:
             return rows
         width = weight.shape[1]
+        if self.backend == "triton" and self.scheme == "speedproof-v2" and weight.dtype in EMBEDDING_DTYPES:
+            if isinstance(groups, SortedRows):
+                at, seeds, sigmas = groups.seed_index, groups.tables.seeds, groups.tables.sigmas
+            else:
+                population = population_of(groups)
+                at = row_index(groups, population, ids.device)
+                seeds, sigmas = _population_tables(population, ids.device)
+            return seeded_rows(ids, weight, at, seeds, sigmas, offset)
+        if isinstance(groups, SortedRows):  # a decode step's one position a row: no chunks
+            tables = groups.tables
+            return seeded_rows_reference(ids, weight, groups.seed_index, tables.seeds, tables.sigmas, offset,
+                                         self._signs_at)
         columns = torch.arange(width, device=ids.device)
-        if isinstance(groups, SortedRows):
-            # each row's seed and σ gathered by its seed's index, every index hashed under its row's seed, and
-            # a group's fp32 add and rounding (a decode step's one position a row: no chunks)
-            b, q = ids.shape
-            at = groups.seed_index[:b]
-            seeds = groups.tables.seeds.index_select(0, at)[:, None].expand(b, q).reshape(-1, 1)
-            sigmas = groups.tables.sigmas.index_select(0, at)[:, None].expand(b, q).reshape(-1, 1)
-            index = offset + ids.reshape(-1, 1) * width + columns
-            v = rows.view(-1, width).to(torch.float32) + self._signs_at(seeds, index).to(torch.float32) * sigmas
-            return noise.round_fp32_to(v, weight.dtype).view(rows.shape)
         # A prefill gathers prompts × positions rows; their int64 indices and hash temporaries at once would be
         # several bytes ×8 of the rows (GBs at the 7B shape): the rows are formed a bounded number at a time.
         step = max(1, EMBEDDING_CHUNK // width)
@@ -178,31 +213,25 @@ class SeededWeights:
         return formed
 
     def vector(self, weight: torch.Tensor, groups: list[SeedRows] | SortedRows, like: torch.Tensor,
-               formed: dict | None = None) -> torch.Tensor:
-        """A norm's scale per batch row: [B, 1 …, width] (broadcasting over `like`'s middle dimensions), each
-        group's seed's vector. `formed`: a cache of the vectors by (parameter, seed, σ), for a caller whose base
-        weights do not change while it holds it (a decode forms each layer's two scales for every step); with
-        SortedRows, of every seed's vector stacked [seeds, width] by (parameter, the seeds), gathered by the
-        rows' seeds' indices."""
+               formed: dict | None = None) -> torch.Tensor | RowScales:
+        """A norm's scale per batch row of `like`: RowScales, every seed's vector stacked [seeds, width] and
+        each row's index into it (the rows' seeds' indices, with SortedRows). `formed`: a cache of the stacked
+        vectors by (parameter, seeds), for a caller whose base weights do not change while it holds it (a decode
+        forms each layer's two scales once, not for every step)."""
         offset = self.offset(weight)
         if offset is None:
             return weight
         formed = {} if formed is None else formed
-        shape = (1,) * (like.dim() - 2) + (weight.shape[0],)
         if isinstance(groups, SortedRows):
-            key = (weight.data_ptr(), groups.tables.population)
-            if key not in formed:
-                formed[key] = torch.stack([perturbed(weight, seed, sigma, offset, self.scheme)
-                                           for seed, sigma in groups.tables.population])
-            b = like.shape[0]
-            return formed[key].index_select(0, groups.seed_index[:b]).view(b, *shape)
-        parts = []
-        for g in groups:
-            key = (weight.data_ptr(), g.seed, g.sigma)
-            if key not in formed:
-                formed[key] = perturbed(weight, g.seed, g.sigma, offset, self.scheme)
-            parts.append(formed[key].view(1, *shape).expand(g.rows, *shape))
-        return torch.cat(parts)
+            population, index = groups.tables.population, groups.seed_index
+        else:
+            population = population_of(groups)
+            index = row_index(groups, population, like.device)
+        key = (weight.data_ptr(), population)
+        if key not in formed:
+            formed[key] = torch.stack([perturbed(weight, seed, sigma, offset, self.scheme)
+                                       for seed, sigma in population])
+        return RowScales(formed[key], index)
 
 
 class SeededLean(LeanQwen2):

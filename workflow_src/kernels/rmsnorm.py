@@ -6,7 +6,8 @@ Reference: transformers' Qwen2RMSNorm module (`rms_norm`, `add_rms_norm`).
 Fused kernels: `rms_norm_fused(x, weight, eps)` and `add_rms_norm_fused(residual, update, weight, eps)`
 are torch.autograd.Functions giving eager CUDA's bits both ways. Their forward also takes one scale per
 leading row of x (`per_row`: a population decode's rows, each its seed's scale), as the eager product
-broadcasts it; with gradients such a weight takes the eager ops. Unlike the elementwise kernels
+broadcasts it, or as `RowScales`, each row's scale read from a table of the seeds' vectors by the row's index
+(the kernel gathers it; the eager ops gather it first); with gradients such a weight takes the eager ops. Unlike the elementwise kernels
 (swiglu.py, rope.py), RMSNorm reduces along each row, twice (the forward's mean of squares, the
 backward's sum for the rsqrt's gradient), and fp32 addition is not associative: the kernels add in the
 order ATen's CUDA reduction does for the same shape (below), which depends on the width and, for fewer
@@ -48,14 +49,31 @@ from workflow_src.kernels.triton_common import (
 )
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+@dataclasses.dataclass(frozen=True)
+class RowScales:
+    """A norm's scale per leading row of x from a table: row b's is table[index[b]] (table [G, width], index
+    int32 [>= B]). A population decode's norms: each row its seed's vector, stored once per seed instead of once
+    per row (at the 7B shape with 1,024 rows a step, some 7 MB written and read again by each of a step's 57
+    norms)."""
+    table: torch.Tensor
+    index: torch.Tensor
+
+    def gathered(self, like: torch.Tensor) -> torch.Tensor:
+        """The scales as the eager product broadcasts them against `like` [B, …, width]: [B, 1, …, width]."""
+        b = like.shape[0]
+        return self.table.index_select(0, self.index[:b]).view(b, *(1,) * (like.dim() - 2), self.table.shape[-1])
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | RowScales, eps: float) -> torch.Tensor:
+    if isinstance(weight, RowScales):
+        weight = weight.gathered(x)
     h = x.to(torch.float32)
     var = h.pow(2).mean(-1, keepdim=True)
     h = h * torch.rsqrt(var + eps)
     return weight * h.to(x.dtype)
 
 
-def add_rms_norm(residual: torch.Tensor, update: torch.Tensor, weight: torch.Tensor, eps: float):
+def add_rms_norm(residual: torch.Tensor, update: torch.Tensor, weight: torch.Tensor | RowScales, eps: float):
     """The decoder layer's residual add followed by the next norm: returns (normed, new residual)."""
     h = residual + update
     return rms_norm(h, weight, eps), h
@@ -314,15 +332,18 @@ def _rsqrt(v, RSQRT: tl.constexpr, INTERP: tl.constexpr):
     return r
 
 
-def _rms_fwd_body(x_ptr, u_ptr, w_ptr, y_ptr, res_ptr, r_ptr, width, s_x, s_u, s_y, s_res, s_w, w_rows, factor,
-                  eps,
-                  RESID: tl.constexpr, KX: tl.constexpr, KY: tl.constexpr, KW: tl.constexpr,
+def _rms_fwd_body(x_ptr, u_ptr, w_ptr, wi_ptr, y_ptr, res_ptr, r_ptr, width, s_x, s_u, s_y, s_res, s_w, w_rows,
+                  factor, eps,
+                  RESID: tl.constexpr, W_INDEX: tl.constexpr, KX: tl.constexpr, KY: tl.constexpr, KW: tl.constexpr,
                   HAND: tl.constexpr, SKIP: tl.constexpr, RSQRT: tl.constexpr, INTERP: tl.constexpr,
                   LANES: tl.constexpr, VEC: tl.constexpr, STEPS: tl.constexpr, BLOCK: tl.constexpr,
                   BLOCKS: tl.constexpr, UNROLL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     xp, up = x_ptr + row * s_x, u_ptr + row * s_u
-    wp = w_ptr + (row // w_rows) * s_w  # the row's scale: one for all (s_w 0), or one per w_rows rows
+    if W_INDEX:  # RowScales: the table's row that the index names for each w_rows rows
+        wp = w_ptr + tl.load(wi_ptr + row // w_rows).to(tl.int64) * s_w
+    else:  # the row's scale: one for all (s_w 0), or one per w_rows rows
+        wp = w_ptr + (row // w_rows) * s_w
     total = _row_sum_body(xp, up, xp, w_ptr, width, True, RESID, KX, KY, KW, HAND, LANES, VEC, STEPS, UNROLL)
     r = _rsqrt(total * factor + eps, RSQRT, INTERP)
     tl.store(r_ptr + row + tl.arange(0, 1), r)
@@ -424,17 +445,26 @@ def per_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and all(n == 1 for n in weight.shape[1:-1]))
 
 
-def _weight_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """One scale for every row, or one per leading row (`per_row`)."""
+def _weight_fits(x: torch.Tensor, weight: torch.Tensor | RowScales) -> bool:
+    """One scale for every row, one per leading row (`per_row`), or a table's row per leading row (RowScales)."""
+    if isinstance(weight, RowScales):
+        t, index = weight.table, weight.index
+        return (x.dim() >= 2 and t.dim() == 2 and t.shape[-1] == x.shape[-1] and index.dtype == torch.int32
+                and index.dim() == 1 and index.shape[0] >= x.shape[0] and index.device == t.device)
     return (weight.dim() == 1 or per_row(x, weight)) and x.shape[-1] == weight.shape[-1]
 
 
-def _check(x: torch.Tensor, weight: torch.Tensor) -> tuple[int, int, torch.dtype]:
-    kx, kw = check_dtype(x, "rms_norm"), check_dtype(weight, "rms_norm weight")
-    if not _weight_fits(x, weight) or x.device != weight.device:
-        raise ValueError(f"rms_norm: weight {tuple(weight.shape)} on {weight.device} does not fit input "
+def _scales(weight: torch.Tensor | RowScales) -> torch.Tensor:
+    return weight.table if isinstance(weight, RowScales) else weight
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor | RowScales) -> tuple[int, int, torch.dtype]:
+    w = _scales(weight)
+    kx, kw = check_dtype(x, "rms_norm"), check_dtype(w, "rms_norm weight")
+    if not _weight_fits(x, weight) or x.device != w.device:
+        raise ValueError(f"rms_norm: weight {tuple(w.shape)} on {w.device} does not fit input "
                          f"{tuple(x.shape)} on {x.device}")
-    return kx, kw, torch.promote_types(weight.dtype, x.dtype)
+    return kx, kw, torch.promote_types(w.dtype, x.dtype)
 
 
 @torch.no_grad()
@@ -442,7 +472,7 @@ def rms_norm_fused_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, up
                            variant: str | RmsNormVariant | None = None, interpret: bool | None = None):
     """(y, rstd, new_residual or None): rms_norm(x) (or of rnd(x + update), which is returned as the new
     residual) in one pass, with the per-row fp32 rstd for the backward. `weight`: [width], or one scale per
-    leading row of x (`per_row`; forward only). Raises UnsupportedReduction for shapes whose CUDA order is not
+    leading row of x (`per_row` or RowScales; forward only). Raises UnsupportedReduction for shapes whose CUDA order is not
     modelled."""
     kx, kw, y_dtype = _check(x, weight)
     if update is not None and (update.shape != x.shape or update.dtype != x.dtype):
@@ -458,12 +488,18 @@ def rms_norm_fused_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, up
     res = torch.empty(rows, width, dtype=x.dtype, device=x.device) if update is not None else y
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
     hand = v.round == "hand" or (v.round == "auto" and interpret)
-    w2 = _as_rows(weight, width)
-    s_w, w_rows = (w2.stride(0), rows // w2.shape[0]) if weight.dim() > 1 else (0, 1)
+    indexed = isinstance(weight, RowScales)
+    w2 = _as_rows(_scales(weight), width)
+    if indexed:
+        s_w, w_rows, wi = w2.stride(0), rows // x.shape[0], weight.index
+    elif weight.dim() > 1:
+        s_w, w_rows, wi = w2.stride(0), rows // w2.shape[0], rstd  # wi unread
+    else:
+        s_w, w_rows, wi = 0, 1, rstd
     _rms_kernels(interpret)[0][(rows,)](
-        bits_view(x2), bits_view(u2), bits_view(w2), bits_view(y), bits_view(res), rstd, width,
+        bits_view(x2), bits_view(u2), bits_view(w2), wi, bits_view(y), bits_view(res), rstd, width,
         x2.stride(0), u2.stride(0), y.stride(0), res.stride(0), s_w, w_rows, mean_factor(rows, width), eps,
-        RESID=update is not None, KX=kx, KY=KIND[y_dtype], KW=kw, HAND=hand, SKIP=v.skip_round and kx != 0,
+        RESID=update is not None, W_INDEX=indexed, KX=kx, KY=KIND[y_dtype], KW=kw, HAND=hand, SKIP=v.skip_round and kx != 0,
         RSQRT=_RSQRT[v.rsqrt], INTERP=interpret, LANES=order.lanes, VEC=order.vectorized, STEPS=steps,
         BLOCK=block, BLOCKS=blocks, UNROLL=v.unroll, num_warps=NUM_WARPS, enable_fp_fusion=v.fusion)
     shape = (*x.shape[:-1], width)
@@ -523,9 +559,9 @@ class RmsNorm(torch.autograd.Function):
         return dx, None, dw, None, None
 
 
-def fusable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def fusable(x: torch.Tensor, weight: torch.Tensor | RowScales) -> bool:
     """Whether the fused kernels take this input (dtype, and a row-reduction order they model)."""
-    if triton is None or x.dtype not in KIND or weight.dtype not in KIND or x.dim() == 0:
+    if triton is None or x.dtype not in KIND or _scales(weight).dtype not in KIND or x.dim() == 0:
         return False
     if not _weight_fits(x, weight):
         return False
@@ -536,28 +572,28 @@ def fusable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return True
 
 
-def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float,
+def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor | RowScales, eps: float,
                    variant: str | RmsNormVariant | None = None) -> torch.Tensor:
     """rms_norm, fused and differentiable: eager CUDA's bits forward and backward (on a CPU the kernels,
     interpreted, give rms_norm_cuda_order's). Shapes whose order is not modelled run the eager ops."""
     if not fusable(x, weight):
         return rms_norm(x, weight, eps)
-    if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+    if not (torch.is_grad_enabled() and (x.requires_grad or _scales(weight).requires_grad)):
         return rms_norm_fused_forward(x, weight, eps, None, variant)[0]  # inference: nothing to save
-    if weight.dim() > 1:  # the backward kernel takes one scale
+    if isinstance(weight, RowScales) or weight.dim() > 1:  # the backward kernel takes one scale
         return rms_norm(x, weight, eps)
     return RmsNorm.apply(x, None, weight, eps, variant)
 
 
-def add_rms_norm_fused(residual: torch.Tensor, update: torch.Tensor, weight: torch.Tensor, eps: float,
+def add_rms_norm_fused(residual: torch.Tensor, update: torch.Tensor, weight: torch.Tensor | RowScales, eps: float,
                        variant: str | RmsNormVariant | None = None):
     """add_rms_norm, fused and differentiable: (normed, new residual), eager CUDA's bits both ways."""
     if not fusable(residual, weight) or update.shape != residual.shape or update.dtype != residual.dtype:
         return add_rms_norm(residual, update, weight, eps)
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (residual, update, weight))):
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (residual, update, _scales(weight)))):
         y, _, h = rms_norm_fused_forward(residual, weight, eps, update, variant)
         return y, h
-    if weight.dim() > 1:  # the backward kernel takes one scale
+    if isinstance(weight, RowScales) or weight.dim() > 1:  # the backward kernel takes one scale
         return add_rms_norm(residual, update, weight, eps)
     return RmsNorm.apply(residual, update, weight, eps, variant)
 
