@@ -1,6 +1,8 @@
 """The seeded linear layer (kernels/seeded_linear.py): each seed's weights formed inside the op are the reconstruct
 kernel's bits (read back exactly through the identity), its rows are the seed's own linear layer, and bad input
 is refused. The Triton kernel runs under the interpreter here; the GPU test compiles it."""
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,6 +15,7 @@ from workflow_src.kernels.seeded_linear import (
     SeedRows,
     add_parts,
     add_parts_reference,
+    part_width,
     perturbed,
     seeded_linear,
     sign_words_table,
@@ -148,24 +151,23 @@ def test_the_parts_are_added_in_their_order_and_rounded_once(dtype, device="cpu"
 
 
 @pytest.mark.parametrize("launch", [SPLIT, SPLIT_DESCRIBED], ids=str)
-def test_a_split_launch_adds_its_parts_once_each_in_one_order(launch):
+def test_a_split_launch_adds_its_parts_once_each_in_one_order(launch, k=512, identity_k=256, device="cpu"):
     """Split into parts, the sums run in another order than one program's over all of K, so the rows may differ
     from the unsplit launch's in the last bits only; the parts are added in one fixed order, so two runs are
     bit-equal, and are each part's product over its own K range with the bias once (the control: the bias in
-    every part is far from it)."""
-    k = 512
-    w0, b0 = base((24, k), torch.bfloat16), base((24,), torch.bfloat16, seed=1)
-    x = base((20, k), torch.bfloat16, seed=2)
+    every part is far from it). tests/test_seeded_linear_gluon.py runs it for the Gluon kernel on a GPU."""
+    w0, b0 = base((24, k), torch.bfloat16, device), base((24,), torch.bfloat16, device, seed=1)
+    x = base((20, k), torch.bfloat16, device, seed=2)
     groups = [SeedRows(0, 12, 5, 0.01), SeedRows(12, 8, 6, -0.02)]
     y = seeded_linear(x, w0, b0, groups, 4096, 9000, backend="triton", launch=launch)
     assert torch.equal(seeded_linear(x, w0, b0, groups, 4096, 9000, backend="triton", launch=launch), y)
-    unsplit = SeededLaunch(launch.block_m, launch.block_n, launch.block_k, 4, 2, swap=launch.swap, tma=launch.tma)
+    unsplit = dataclasses.replace(launch, split_k=1)
     torch.testing.assert_close(seeded_linear(x, w0, b0, groups, 4096, 9000, backend="triton", launch=unsplit), y,
                                rtol=2e-2, atol=2e-3)
     programs = len(groups) * -(-12 // launch.block_m) * -(-24 // launch.block_n)
-    parts = split_parts(programs, k // launch.block_k, launch.split_k)
+    parts = split_parts(programs, -(-k // launch.block_k), launch.split_k)
     assert parts >= 2
-    step, once, everywhere = k // parts, [], []
+    step, once, everywhere = part_width(k, launch.block_k, parts), [], []
     for g in groups:
         w = perturbed(w0, g.seed, g.sigma, 4096, "speedproof-v2").float()
         b = perturbed(b0, g.seed, g.sigma, 9000, "speedproof-v2").float()
@@ -176,8 +178,10 @@ def test_a_split_launch_adds_its_parts_once_each_in_one_order(launch):
     torch.testing.assert_close(y.float(), torch.cat(once), rtol=1e-2, atol=1e-3)
     assert not torch.allclose(y.float(), torch.cat(everywhere), rtol=1e-2, atol=1e-3)
     # each weight alone in its sum (the identity): split or not, the reconstruct kernel's bits
-    assert split_parts(3 * 256 // launch.block_m * -(-48 // launch.block_n), 256 // launch.block_k, launch.split_k) >= 2
-    test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(torch.bfloat16, 4096, 256, launch)
+    assert split_parts(3 * -(-identity_k // launch.block_m) * -(-48 // launch.block_n), -(-identity_k // launch.block_k),
+                       launch.split_k) >= 2
+    test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels(torch.bfloat16, 4096, identity_k, launch,
+                                                                      device=device)
 
 
 def test_a_words_launch_forms_each_groups_own_seed_from_its_row_of_the_table():

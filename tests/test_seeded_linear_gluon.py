@@ -1,10 +1,11 @@
 """The /gluon seeded linear (kernels/seeded_linear_gluon.py). On the CPU: it compiles for sm_90a without a GPU
 into a warp-specialized kernel (partitions with their own register budgets, the forming partition apart from the
-wgmma), with 4 or 8 forming warps (/f8) that split the weight tile rather than repeat it, and its launches are
-refused where it does not apply. On a Hopper GPU (marked gpu): the weights it forms
+wgmma), with 4 or 8 forming warps (/f8) that split the weight tile rather than repeat it, split K (/kN) or not, and
+its launches are refused where it does not apply. On a Hopper GPU (marked gpu): the weights it forms
 are the reconstruct kernel's, bit for bit (read back through the identity, tests/test_seeded_linear.py), which is
-also what shows the Triton hash helpers compiled under Gluon agree with their Triton selves; and each seed's rows
-are F.linear on that seed's formed weights up to the order of the sums."""
+also what shows the Triton hash helpers compiled under Gluon agree with their Triton selves; each seed's rows
+are F.linear on that seed's formed weights up to the order of the sums; and a split launch's rows are its parts'
+products with the bias once, as the Triton kernel's split launches are checked."""
 import dataclasses
 import re
 
@@ -14,16 +15,25 @@ import torch.nn.functional as F
 
 from workflow_src.bench import offline_compile
 from workflow_src.bench.seeded_linear_compile import forming_cost
-from workflow_src.kernels.seeded_linear import SeededLaunch, SeedRows, perturbed, seeded_linear
+from workflow_src.kernels.seeded_linear import (
+    SeededLaunch,
+    SeedRows,
+    part_width,
+    perturbed,
+    seeded_linear,
+    split_parts,
+)
 from workflow_src.kernels.seeded_linear_gluon import FORM_REGS, LOAD_REGS, compile_offline
 
 hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                             reason="needs a Hopper GPU")
 # the bench's launch shapes: 4-warp and 8-warp default partitions, either operand order, 3 and 4 stages, 4 and 8
-# forming warps
+# forming warps, K split (fp32 partial sums of a part of K, stored from either operand order's accumulator) or not
+SPLIT_LAUNCHES = [SeededLaunch.parse(v) for v in ("128/128/64/8/4/swap/tma/gluon/f8/k8", "128/128/64/4/3/tma/gluon/k4")]
 LAUNCHES = [SeededLaunch.parse(v) for v in ("128/128/64/4/3/swap/tma/gluon", "128/128/64/4/3/tma/gluon",
                                             "128/128/64/8/4/swap/tma/gluon", "64/128/64/4/4/swap/tma/gluon",
                                             "128/128/64/8/4/swap/tma/gluon/f8", "128/128/64/4/3/tma/gluon/f8")]
+LAUNCHES += SPLIT_LAUNCHES
 SMALL = SeededLaunch.parse("64/64/64/4/2/swap/tma/gluon")  # tiles that a K of 64 and 48 columns leave partial
 
 
@@ -35,11 +45,13 @@ def test_the_gluon_kernel_compiles_warp_specialized_for_hopper(launch, perturb):
     the loader down to 24, the forming warps to their budget, the wgmma warps up; kept by ptxas, which drops them
     all where a partition's budget is short), no spills; formed, the K loop of the forming partition (the one loop
     storing to shared memory) holds the hash and the sign's LOP3 and no wgmma, and the wgmma's loop no forming;
-    plain, nothing is stored to shared memory in a loop."""
+    plain, nothing is stored to shared memory in a loop. Split (/kN), the same, and the part read from the grid's
+    third axis; unsplit, that axis is not read."""
     compiled = compile_offline(launch, perturb, k=3584)
     ptx = compiled.asm["ptx"]
     assert "ttg.warp_specialize" in compiled.asm["ttgir"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert ("%ctaid.z" in ptx) == (launch.split_k > 1)
     assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{LOAD_REGS};", ptx)
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{FORM_REGS[launch.form_warps]};", ptx)
     res = offline_compile.resources(compiled)
@@ -91,8 +103,8 @@ def test_the_forming_takes_few_instructions_a_weight(launch):
 
 def test_gluon_launches_are_refused_where_they_do_not_apply():
     for bad, why in (("128/128/64/4/3/swap/gluon", "takes /tma"), ("128/128/64/2/3/swap/tma/gluon", "multiple of 4"),
-                     ("128/128/64/4/3/swap/tma/ws/gluon", "drop those"), ("128/128/64/4/3/tma/gluon/k4", "drop those"),
-                     ("128/128/64/4/3/tma/words/gluon", "drop those")):
+                     ("128/128/64/4/3/swap/tma/ws/gluon", "drop those"),
+                     ("128/128/64/4/3/tma/words/gluon", "drop those"), ("128/128/64/4/3/tma/words/gluon/k4", "drop those")):
         with pytest.raises(ValueError, match=why):
             SeededLaunch.parse(bad)
     # forming warps: the Gluon kernel's alone, 4 or 8, and as many words in a tile as forming threads
@@ -116,6 +128,11 @@ def test_gluon_launches_are_refused_where_they_do_not_apply():
     assert SeededLaunch.parse("128/128/64/8/4/swap/tma/gluon/f4") == SeededLaunch.parse("128/128/64/8/4/swap/tma/gluon")
     assert [SeededLaunch.parse(v).form_split for v in ("128/128/64/8/4/swap/tma/gluon", "64/64/64/4/2/swap/tma/gluon",
                                                        "64/256/64/4/2/swap/tma/gluon/f8")] == [(4, 1), (2, 2), (8, 1)]
+    # split K: /kN after /fN, as for the Triton kernel's launches
+    for v in ("128/128/64/8/4/swap/tma/gluon/k8", "128/128/64/8/4/swap/tma/gluon/f8/k8", "128/128/64/4/3/tma/gluon/k4"):
+        assert str(SeededLaunch.parse(v)) == v
+    split = SeededLaunch.parse("128/128/64/8/4/swap/tma/gluon/f8/k8")
+    assert (split.gluon, split.form_warps, split.split_k) == (True, 8, 8)
     x, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(8, 64, dtype=torch.bfloat16)
     groups = [SeedRows(0, 4, 1, 0.01)]
     with pytest.raises(ValueError, match="GPU only"):  # no interpreter: a CPU tensor is refused before anything runs
@@ -127,9 +144,17 @@ def test_gluon_launches_are_refused_where_they_do_not_apply():
 @pytest.mark.parametrize("launch", LAUNCHES + [SMALL], ids=str)
 def test_the_gluon_kernel_forms_the_reconstruct_kernels_weights(launch):
     """Through the identity, bit for bit, as tests/test_seeded_linear.py reads back the Triton kernel's: K of
-    whole words over one and several K steps, a column count that leaves a partial tile, a perturbed bias."""
+    whole words over one and several K steps, a column count that leaves a partial tile, a perturbed bias (in
+    the first part only, where K is split: x = 0 then reads it back once). Split, K wide enough for parts: 1056
+    in 4 parts of 5 tiles, the last 2 tiles, the second half past K; 2112 (/k8) in 8 of 5, the last past K."""
     from tests.test_seeded_linear import test_the_weights_formed_in_the_kernel_are_the_reconstruct_kernels as check
-    for k in (64, 256):
+    for k in (64, 256) + ((1056, 2112) if launch.split_k > 1 else ()):
+        if k > 256:  # the identity's 3 seeds of k rows each over 48 columns
+            parts = split_parts(3 * -(-k // launch.block_m) * -(-48 // launch.block_n), -(-k // launch.block_k),
+                                launch.split_k)
+            assert parts == min(4 if k == 1056 else 8, launch.split_k)
+            if parts == 8:
+                assert (parts - 1) * part_width(k, launch.block_k, parts) >= k  # a part of no K steps
         check(torch.bfloat16, 4096, k, launch, device="cuda")
 
 
@@ -154,9 +179,12 @@ def test_each_seeds_rows_are_its_own_linear_layer_under_gluon(launch):
     """Each seed's rows, uneven groups (a row tile shared by two seeds, partial row and column tiles) with a
     perturbed bias, against F.linear on that seed's formed weights and bias: equal up to bf16 rounding of sums
     in another order (a few units in the last place of bf16); the control: another seed's weights are far off;
-    and the same bits on every run. Unperturbed weights pass through as they are."""
+    and the same bits on every run. Unperturbed weights pass through as they are. Split, K is 1024: 4 parts of
+    the 12 programs' K."""
     g = torch.Generator(device="cuda").manual_seed(0)
-    n, k = 200, 512
+    n, k = 200, 1024 if launch.split_k > 1 else 512
+    if launch.split_k > 1:  # 3 groups × 2 row tiles (the 130-row group's) × 2 column tiles
+        assert split_parts(3 * 2 * 2, k // launch.block_k, launch.split_k) == 4
     w0 = (torch.randn(n, k, generator=g, device="cuda") * 0.02).bfloat16()
     b0 = (torch.randn(n, generator=g, device="cuda") * 0.02).bfloat16()
     groups = [SeedRows(0, 130, 3, 0.01), SeedRows(130, 7, 4, 0.02), SeedRows(137, 64, 5, -0.01)]
@@ -174,3 +202,14 @@ def test_each_seeds_rows_are_its_own_linear_layer_under_gluon(launch):
                                   rtol=1.6e-2, atol=1e-3)
     plain = seeded_linear(x, w0, b0, groups, None, None, backend="triton", launch=launch)
     torch.testing.assert_close(plain.float(), F.linear(x.float(), w0.float(), b0.float()), rtol=1.6e-2, atol=1e-3)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("launch", SPLIT_LAUNCHES, ids=str)
+def test_a_split_gluon_launch_adds_its_parts_once_each_in_one_order(launch):
+    """tests/test_seeded_linear.py's check of the Triton kernel's split launches, on the Gluon kernel: two runs
+    bit-equal, close to the unsplit launch, each part's product over its own K range with the bias once (K 1024
+    in 4 parts), and the identity's weights split in 8 parts with /k8 (one of no K steps), 4 with /k4."""
+    from tests.test_seeded_linear import test_a_split_launch_adds_its_parts_once_each_in_one_order as check
+    check(launch, k=1024, identity_k=2112, device="cuda")

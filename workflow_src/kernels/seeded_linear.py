@@ -104,7 +104,8 @@ class SeededLaunch:
     forming warps form each seed's tile from the base tile in shared memory into a ring of formed tiles, and the
     launch's warps issue wgmma on them, so the forming's ALU work runs while the tensor cores multiply the previous
     step; it takes /tma, num_warps a multiple of 4, bf16, the weight at an offset of whole hash words whose indices fit
-    32 bits, and no /words, /ws or /kN (the same weights; its sums run in wgmma's order over BLOCK_K steps).
+    32 bits, and no /words or /ws (the same weights; its sums run in wgmma's order over BLOCK_K steps); with /kN
+    its K is split as the Triton kernel's (the same parts, partial sums and `add_parts`).
     `form_warps` (`/fN` after /gluon, N of FORM_WARPS; 4 unless named, and then not written): the Gluon kernel's
     forming warps, a thread forming whole words of one row, the warps over rows (32 a warp) and then over a row's
     words (`form_split`), so a tile must hold a word for every forming thread: block_n at least 32 and
@@ -135,9 +136,9 @@ class SeededLaunch:
         if self.ws and (self.num_warps != 4 or not self.tma):
             raise ValueError(f"seeded linear: launch {self} is warp-specialized (/ws), which takes 4 warps and /tma "
                              "(Triton 3.6 partitions a 4-warp loop only, and fails to compile a pointer-fed one)")
-        if self.gluon and (not self.tma or self.ws or self.words or self.split_k > 1 or self.num_warps % 4):
+        if self.gluon and (not self.tma or self.ws or self.words or self.num_warps % 4):
             raise ValueError(f"seeded linear: launch {self} is the Gluon kernel (/gluon), which takes /tma and whole "
-                             "warpgroups (num_warps a multiple of 4), and neither /words, /ws nor /kN: drop those")
+                             "warpgroups (num_warps a multiple of 4), and neither /words nor /ws: drop those")
         if self.form_warps != 4 and not self.gluon:
             raise ValueError(f"seeded linear: launch {self} names forming warps (/f{self.form_warps}), which only the "
                              f"Gluon kernel has: add /gluon or drop /f{self.form_warps}")
@@ -163,7 +164,7 @@ class SeededLaunch:
     def parse(cls, value: str) -> "SeededLaunch":
         """`block_m/block_n/block_k/num_warps/num_stages[/swap][/tma][/words][/ws][/gluon][/fN][/kN]`, e.g.
         64/128/64/8/3, 128/128/64/4/4/swap/tma/k4, 128/128/64/4/3/swap/tma/gluon or
-        128/128/64/8/4/swap/tma/gluon/f8."""
+        128/128/64/8/4/swap/tma/gluon/f8/k8."""
         parts = value.split("/")
         flags = parts[5:]
         split = flags.pop() if flags and flags[-1][:1] == "k" and flags[-1][1:].isdigit() else "k1"
@@ -172,7 +173,7 @@ class SeededLaunch:
                 or flags != [f for f in FLAGS if f in flags]):
             raise ValueError(f"seeded linear launch {value!r}: expected block_m/block_n/block_k/num_warps/"
                              "num_stages[/swap][/tma][/words][/ws][/gluon][/fN][/kN], e.g. 64/128/64/8/3, "
-                             "128/128/64/4/4/swap/tma/k4 or 128/128/64/8/4/swap/tma/gluon/f8")
+                             "128/128/64/4/4/swap/tma/k4 or 128/128/64/8/4/swap/tma/gluon/f8/k8")
         return cls(*map(int, parts[:5]), **{f: f in flags for f in FLAGS}, split_k=int(split[1:]),
                    form_warps=int(form[1:]))
 
@@ -302,13 +303,11 @@ def seeded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if scheme not in TRITON_SCHEMES:
         raise ValueError(f"seeded linear: the triton backend forms the {', '.join(TRITON_SCHEMES)} scheme's "
                          f"weights, not {scheme!r} (use backend reference)")
-    if launch.gluon:  # its own module: Gluon and its Hopper kernel are loaded only for a /gluon launch
+    if launch.gluon:
         _check_gluon(launch, x, weight, weight_offset, words, resolve_interpret(x, interpret))
         x, weight = x.contiguous(), weight.contiguous()
         require_aligned_rows(launch, x, weight, "/gluon")
-        from workflow_src.kernels import seeded_linear_gluon
-        return seeded_linear_gluon.launch(x, weight, bias, *_tables_and_tiles(groups, x, launch), weight_offset,
-                                          bias_offset, launch)
+        return _gluon(x, weight, bias, *_tables_and_tiles(groups, x, launch), weight_offset, bias_offset, launch)
     if launch.words:
         check_words(words, weight, groups, weight_offset)
     elif words is not None:
@@ -573,6 +572,24 @@ def _triton(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, i
         num_warps=launch.num_warps, num_stages=launch.num_stages)
     if parts > 1:
         add_parts(out, y, interpret)
+    return y
+
+
+def _gluon(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, launch: SeededLaunch) -> torch.Tensor:
+    """The /gluon launch over `tables`, as `_triton`'s: a /kN launch split into the same parts, their partial sums
+    added by the same add_parts."""
+    # its own module: Gluon and its Hopper kernel are loaded only for a /gluon launch
+    from workflow_src.kernels import seeded_linear_gluon
+    M, K = x.shape
+    N = weight.shape[0]
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    parts = split_parts(len(tables[0]) * m_tiles * triton.cdiv(N, launch.block_n), triton.cdiv(K, launch.block_k),
+                        launch.split_k)
+    out = torch.empty((parts, M, N), dtype=torch.float32, device=x.device) if parts > 1 else y
+    seeded_linear_gluon.launch(x, weight, bias, tables, m_tiles, weight_offset, bias_offset, launch, out,
+                               part_width(K, launch.block_k, parts))
+    if parts > 1:
+        add_parts(out, y, False)
     return y
 
 

@@ -4,7 +4,8 @@
 Why: in the Triton kernel the warps that form a seed's weight tile (about nine instructions a weight, hash and
 sign and add and rounding) are the warps that issue the matrix instructions, so forming and the tensor cores take
 turns; Triton's own warp specialization (`/ws`) splits the loads from the rest, never the forming from the matrix
-work. Here each program (seed group, row tile, column tile) runs three partitions over one ring of K steps:
+work. Here each program (seed group, row tile, column tile, part of K) runs three partitions over one ring of K
+steps:
 
 - a loader warp: TMA copies of the rows' tile [BLOCK_M, BLOCK_K] and the base weight tile [BLOCK_N, BLOCK_K] into
   a ring of `num_stages` shared-memory slots, each signalled on its own mbarrier;
@@ -16,8 +17,13 @@ work. Here each program (seed group, row tile, column tile) runs three partition
   flight while the forming warps form the next, then the epilogue (the bias, perturbed as the Triton kernel's,
   and the rounded store of this seed's rows).
 
+A /kN launch splits K as the Triton kernel's does (seeded_linear.py's `_gluon` takes its parts and their width
+from `split_parts` and `part_width`): each program runs only its part's K steps, from the part's first tile and
+its rows' first hash word of that tile, and stores fp32 partial sums, the bias in part 0 alone, which
+`add_parts` adds in one order and rounds once.
+
 Scope (else ValueError): bf16, the weight perturbed at an offset of whole hash words with word indices in 32
-bits, K a multiple of 32, rows 16-byte aligned for the descriptors, no split K, no tables of words. Same weights
+bits, K a multiple of 32, rows 16-byte aligned for the descriptors, no tables of words. Same weights
 as the Triton kernel's, bit for bit; its sums run in the wgmma's order over BLOCK_K-wide steps, as the Triton
 kernel's own /tma launches do, so a seed's rows may differ from theirs in the last bits. The hash helpers are the
 Triton kernel's own functions, compiled under Gluon; that they agree bit for bit is checked by the GPU test that
@@ -66,7 +72,7 @@ LOAD_REGS = 24  # the least a warp can be given: the loader holds scalars only
 FORM_REGS = {4: 152, 8: 96}
 
 
-def _load_partition(x_desc, w_desc, x_bufs, w_bufs, x_ready, w_ready, x_free, w_free, x_row, w_row, k_tiles):
+def _load_partition(x_desc, w_desc, x_bufs, w_bufs, x_ready, w_ready, x_free, w_free, x_row, w_row, k0, k_tiles):
     # The weight tile first: the forming waits on it, the wgmma on the forming.
     stages: gl.constexpr = x_bufs.shape[0]
     block_k: gl.constexpr = x_desc.block_type.shape[1]
@@ -76,10 +82,10 @@ def _load_partition(x_desc, w_desc, x_bufs, w_bufs, x_ready, w_ready, x_free, w_
         # a fresh mbarrier counts as its phase 1 done, so the first pass through the ring does not wait
         mbarrier.wait(w_free.index(s), phase ^ 1)
         mbarrier.expect(w_ready.index(s), w_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(w_desc, [w_row, i * block_k], w_ready.index(s), w_bufs.index(s))
+        tma.async_copy_global_to_shared(w_desc, [w_row, k0 + i * block_k], w_ready.index(s), w_bufs.index(s))
         mbarrier.wait(x_free.index(s), phase ^ 1)
         mbarrier.expect(x_ready.index(s), x_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(x_desc, [x_row, i * block_k], x_ready.index(s), x_bufs.index(s))
+        tma.async_copy_global_to_shared(x_desc, [x_row, k0 + i * block_k], x_ready.index(s), x_bufs.index(s))
 
 
 def _pack_bf16x2(lo, hi):
@@ -181,13 +187,14 @@ def _mma_partition(x_bufs, f_bufs, x_ready, x_free, f_ready, f_free, k_tiles, ac
     return (acc,)  # warp_specialize hands the default partition's results back as a tuple
 
 
-def _seeded_linear_gluon_body(x_desc, w_desc, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr, sigma_ptr, N, K, w_offset,
-                              b_offset, M_TILES, PERTURB_W: gl.constexpr, HAS_BIAS: gl.constexpr,
-                              PERTURB_B: gl.constexpr, SWAP: gl.constexpr, STAGES: gl.constexpr,
-                              FORM_WARPS: gl.constexpr, ROW_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr,
-                              FORM_REGS: gl.constexpr):
+def _seeded_linear_gluon_body(x_desc, w_desc, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr, sigma_ptr, N, K, M_ROWS,
+                              PART_K, w_offset, b_offset, M_TILES, SPLIT: gl.constexpr, PERTURB_W: gl.constexpr,
+                              HAS_BIAS: gl.constexpr, PERTURB_B: gl.constexpr, SWAP: gl.constexpr,
+                              STAGES: gl.constexpr, FORM_WARPS: gl.constexpr, ROW_WARPS: gl.constexpr,
+                              LOAD_REGS: gl.constexpr, FORM_REGS: gl.constexpr):
     # The Triton kernel's grid: axis 0 (seed group, row tile), fastest, so every seed's programs of one column
-    # tile run together and share the base tile through L2; axis 1 the column tile.
+    # tile run together and share the base tile through L2; axis 1 the column tile; axis 2 the part of K (PART_K
+    # wide, whole tiles) a SPLIT launch's program sums into a part of its own in y, M_ROWS × N fp32 sums.
     block_m: gl.constexpr = x_desc.block_type.shape[0]
     block_k: gl.constexpr = x_desc.block_type.shape[1]
     block_n: gl.constexpr = w_desc.block_type.shape[0]
@@ -197,9 +204,18 @@ def _seeded_linear_gluon_body(x_desc, w_desc, b_ptr, y_ptr, row0_ptr, rows_ptr, 
     row0 = gl.load(row0_ptr + group)
     seed = gl.load(seed_ptr + group).to(gl.uint32)
     sigma_bits = gl.load(sigma_ptr + group).to(gl.uint32, bitcast=True)
+    if SPLIT:
+        # The part's K steps stop at K: a last tile that passes it reads zeros (TMA fills what lies beyond the
+        # tensor). part_width rounds a part's tiles up, so a last part may start past K (33 tiles in 8 parts of
+        # 5): it runs no step and stores zeros, the sum the Triton kernel's part of zero tiles stores.
+        k0 = gl.program_id(2) * PART_K
+        k_len = gl.maximum(gl.minimum(K - k0, PART_K), 0)
+    else:
+        k0 = 0
+        k_len = K
     # a row tile past this seed's rows has nothing to do: no K steps (no TMA copy is issued), and its store is
     # masked off; so for a group of no rows (SeedTables': its row0 may be the input's row count)
-    k_tiles = gl.where(tile_m * block_m < rows, gl.cdiv(K, block_k), 0)
+    k_tiles = gl.where(tile_m * block_m < rows, gl.cdiv(k_len, block_k), 0)
     n0 = gl.program_id(1) * block_n
 
     x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, block_m, block_k], x_desc.layout)
@@ -226,7 +242,8 @@ def _seeded_linear_gluon_body(x_desc, w_desc, b_ptr, y_ptr, row0_ptr, rows_ptr, 
     else:
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                              instr_shape=[16, block_n, 16])
-    row_word0 = ((w_offset >> 5) + n0.to(gl.int64) * (K // 32)).to(gl.uint32)
+    # the tile's first row's word at the part's first weight: k0 is whole tiles, so whole words
+    row_word0 = ((w_offset >> 5) + n0.to(gl.int64) * (K // 32) + k0 // 32).to(gl.uint32)
     if PERTURB_W:
         b_bufs = f_bufs
         b_ready = f_ready
@@ -238,7 +255,7 @@ def _seeded_linear_gluon_body(x_desc, w_desc, b_ptr, y_ptr, row0_ptr, rows_ptr, 
     (acc,) = gl.warp_specialize([
         (_mma_partition, (x_bufs, b_bufs, x_ready, x_free, b_ready, b_free, k_tiles, acc_layout, SWAP)),
         (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, x_ready, w_ready, x_free, w_free,
-                           row0 + tile_m * block_m, n0, k_tiles)),
+                           row0 + tile_m * block_m, n0, k0, k_tiles)),
         (_form_partition, (w_bufs, f_bufs, w_ready, w_free, f_ready, f_free, row_word0, (K // 32).to(gl.uint32),
                            seed, sigma_bits, k_tiles, PERTURB_W, ROW_WARPS)),
     ], [1, FORM_WARPS], [LOAD_REGS, FORM_REGS])
@@ -253,9 +270,15 @@ def _seeded_linear_gluon_body(x_desc, w_desc, b_ptr, y_ptr, row0_ptr, rows_ptr, 
         if PERTURB_B:  # the bias's offset need not be whole words: each element hashes its own word, in 64 bits
             flip = _v2_flip(b_offset + rn.to(gl.int64), seed)
             b = (b + (sigma_bits ^ flip).to(gl.float32, bitcast=True)).to(gl.bfloat16).to(gl.float32)
+        if SPLIT:  # the bias joins the first part's sums only
+            b = gl.where(gl.program_id(2) == 0, b, 0.0)
         acc = acc + b[None, :]
     at = y_ptr + (row0 + rm).to(gl.int64)[:, None] * N + rn[None, :]
-    gl.store(at, acc.to(gl.bfloat16), mask=(rm < rows)[:, None] & n_ok[None, :])
+    mask = (rm < rows)[:, None] & n_ok[None, :]
+    if SPLIT:  # fp32 partial sums, rounded once after add_parts has added them
+        gl.store(at + gl.program_id(2).to(gl.int64) * M_ROWS * N, acc, mask=mask)
+    else:
+        gl.store(at, acc.to(gl.bfloat16), mask=mask)
 
 
 HELPERS = (_key_mix, _state_step, _fmix32, _splat, _murmur3_key, _murmur3_word, _v2_flip, _signed_sigma,
@@ -269,7 +292,7 @@ def kernel():
     if gluon is None:
         raise ImportError("the /gluon seeded linear needs triton with Gluon (requirements.txt pins 3.6)")
     (body,) = jit_in_mode(False, (_seeded_linear_gluon_body,), helpers=HELPERS,
-                          do_not_specialize=("w_offset", "b_offset", "M_TILES"), decorator=gluon.jit)
+                          do_not_specialize=("w_offset", "b_offset", "M_TILES", "M_ROWS"), decorator=gluon.jit)
     return body
 
 
@@ -285,43 +308,49 @@ def partition_constexprs(launch) -> dict:
             "FORM_REGS": FORM_REGS[launch.form_warps]}
 
 
-def launch(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, launch) -> torch.Tensor:
-    """y of kernels/seeded_linear.py's seeded_linear through the Gluon kernel, the checks made there (x and weight
-    contiguous, their rows aligned for the descriptors): `tables`
-    its group_tables (row0, rows, seed, σ of each group), `m_tiles` the row tiles of the largest group."""
+def launch(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, launch, out: torch.Tensor,
+           part_k: int) -> None:
+    """kernels/seeded_linear.py's seeded_linear through the Gluon kernel into `out`, the checks made there (x and
+    weight contiguous, their rows aligned for the descriptors): `tables` its group_tables (row0, rows, seed, σ of
+    each group), `m_tiles` the row tiles of the largest group; `out` y [M, N], or a split launch's fp32 partial
+    sums [parts, M, N] of K parts `part_k` wide (seeded_linear's `_gluon` adds them)."""
     M, K = x.shape
     N = weight.shape[0]
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     x_desc = TensorDescriptor.from_tensor(x, [launch.block_m, launch.block_k],
                                           shared_layout(launch.block_m, launch.block_k))
     w_desc = TensorDescriptor.from_tensor(weight, [launch.block_n, launch.block_k],
                                           shared_layout(launch.block_n, launch.block_k))
-    grid = (len(tables[0]) * m_tiles, triton.cdiv(N, launch.block_n))
-    kernel()[grid](x_desc, w_desc, bias if bias is not None else x, y, *tables, N, K, weight_offset or 0,
-                   bias_offset or 0, m_tiles, PERTURB_W=weight_offset is not None, HAS_BIAS=bias is not None,
-                   PERTURB_B=bias is not None and bias_offset is not None, SWAP=launch.swap, STAGES=launch.num_stages,
-                   num_warps=launch.num_warps, **partition_constexprs(launch))
-    return y
+    split = out.dim() == 3
+    grid = (len(tables[0]) * m_tiles, triton.cdiv(N, launch.block_n), out.shape[0] if split else 1)
+    kernel()[grid](x_desc, w_desc, bias if bias is not None else x, out, *tables, N, K, M, part_k, weight_offset or 0,
+                   bias_offset or 0, m_tiles, SPLIT=split, PERTURB_W=weight_offset is not None,
+                   HAS_BIAS=bias is not None, PERTURB_B=bias is not None and bias_offset is not None, SWAP=launch.swap,
+                   STAGES=launch.num_stages, num_warps=launch.num_warps, **partition_constexprs(launch))
 
 
 def compile_offline(launch, perturb: bool, k: int, arch: int = 90, bias: bool = False):
     """The kernel of `launch` compiled for compute capability `arch` without a GPU (Triton's own compiler and
     bundled ptxas), for inputs of width k, forming the weights or not, with a bias (perturbed when the weights
-    are) or not: what a launch on the GPU would compile, to be read (its PTX, SASS, registers)."""
+    are) or not: what a launch on the GPU would compile, to be read (its PTX, SASS, registers). A /kN launch
+    compiles its split kernel (fp32 partial sums of one part of K), as bench/seeded_linear_compile.py compiles the
+    Triton kernel's: the kernel a launch of a linear with too few programs for the card runs."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     fn = kernel()
     tiles = {"x_desc": (launch.block_m, launch.block_k), "w_desc": (launch.block_n, launch.block_k)}
     signature = {name: f"tensordesc<bf16[{r}, {c}],{shared_layout(r, c)!r}>" for name, (r, c) in tiles.items()}
-    signature.update({"b_ptr": "*bf16", "y_ptr": "*bf16", "row0_ptr": "*i32", "rows_ptr": "*i32", "seed_ptr": "*i64",
-                      "sigma_ptr": "*fp32", "N": "i32", "K": "i32", "w_offset": "i64", "b_offset": "i64",
-                      "M_TILES": "i32"})
-    constexprs = {"PERTURB_W": perturb, "HAS_BIAS": bias, "PERTURB_B": bias and perturb, "SWAP": launch.swap,
-                  "STAGES": launch.num_stages, **partition_constexprs(launch)}
+    split = launch.split_k > 1
+    signature.update({"b_ptr": "*bf16", "y_ptr": "*fp32" if split else "*bf16", "row0_ptr": "*i32",
+                      "rows_ptr": "*i32", "seed_ptr": "*i64", "sigma_ptr": "*fp32", "N": "i32", "K": "i32",
+                      "M_ROWS": "i32", "PART_K": "i32", "w_offset": "i64", "b_offset": "i64", "M_TILES": "i32"})
+    constexprs = {"SPLIT": split, "PERTURB_W": perturb, "HAS_BIAS": bias, "PERTURB_B": bias and perturb,
+                  "SWAP": launch.swap, "STAGES": launch.num_stages, **partition_constexprs(launch)}
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     names = fn.arg_names
-    # as a launch specializes them: the pointers 16-byte aligned, N and K multiples of 16
-    aligned = ("b_ptr", "y_ptr", "row0_ptr", "rows_ptr", "seed_ptr", "sigma_ptr", "N") + (("K",) if k % 16 == 0 else ())
+    # as a launch specializes them: the pointers 16-byte aligned, N and K multiples of 16, and so PART_K (whole
+    # tiles, or K)
+    aligned = ("b_ptr", "y_ptr", "row0_ptr", "rows_ptr", "seed_ptr", "sigma_ptr", "N") + (
+        ("K", "PART_K") if k % 16 == 0 else ())
     source = GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constexprs.items()},
                             {(names.index(a),): [["tt.divisibility", 16]] for a in aligned})
     target = GPUTarget("cuda", arch, 32)
