@@ -136,3 +136,19 @@ def test_the_profile_holds_the_decode_steps_alone(tiny, per_step):
         assert calls["aten::argmax"] == prof["decode_steps"]
         per_call[n] = calls["aten::linear"] / prof["decode_steps"]
     assert per_call[3] == per_call[5] == 15 * per_step  # 2 layers × 7 linears + lm_head, per seed's group
+
+
+@pytest.mark.parametrize("per_step", [1, 2])
+def test_the_prefill_profile_holds_the_prefills_alone(tiny, per_step):
+    """The prefills before the first decode step, each seed's batch once: one embedding and 15 linears a seed,
+    the same from 3 tokens to 5 (a decode step's would add 15 linears and an argmax each)."""
+    model, tok = tiny
+    prompts = random_prompts(4, 12)
+    for n in (3, 5):
+        a = argparse.Namespace(batch=4, profile=n, sigma=1e-3, device="cpu", seeded_launch="32/64/64/4/3")
+        prof = profile_static(model, tok, a, prompts, lambda: None, top=10_000, per_step=per_step, phase=PREFILL)
+        calls = {r["op"]: r["calls"] for r in prof["top"]}
+        assert prof["what"].startswith("prefills only") and prof["prefills"] == per_step
+        assert prof["per_prefill_ms"] == pytest.approx(prof["total_ms"] / per_step)
+        assert (calls["aten::embedding"], calls["aten::linear"]) == (per_step, 15 * per_step)
+        assert calls["aten::argmax"] == 1  # the prefills' first tokens, once for the step's rows

@@ -294,6 +294,10 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
         assert prof["what"].startswith("decode steps only") and prof["decode_steps"] == 3  # tests/test_engine_phases.py
         assert prof["top"] and all(r["ms"] > 0 and r["calls"] >= 1 for r in prof["top"])
         assert any("linear" in r["op"] or "mm" in r["op"] for r in prof["top"])  # the GEMMs are in there
+    assert set(doc["prefill_profile"]) == set(doc["profile"])
+    for per_step, prof in zip((1, 2), doc["prefill_profile"].values()):
+        assert prof["what"].startswith("prefills only") and (prof["prefills"], prof["prompts"]) == (per_step, 4)
+        assert prof["per_prefill_ms"] > 0 and any("linear" in r["op"] or "mm" in r["op"] for r in prof["top"])
 
 
 def test_decode_steps_cli_times_variants_and_compares_their_logits(tmp_path):
