@@ -213,3 +213,28 @@ def test_a_split_gluon_launch_adds_its_parts_once_each_in_one_order(launch):
     in 4 parts), and the identity's weights split in 8 parts with /k8 (one of no K steps), 4 with /k4."""
     from tests.test_seeded_linear import test_a_split_launch_adds_its_parts_once_each_in_one_order as check
     check(launch, k=1024, identity_k=2112, device="cuda")
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("launch", [SeededLaunch.parse("128/128/64/8/4/swap/tma/gluon/f8"), SPLIT_LAUNCHES[0]],
+                         ids=str)
+def test_a_gluon_launch_over_device_tables_gives_the_launch_over_the_same_groups(launch):
+    """The continuous schedule's steps through the Gluon kernel (SeedTables: a grid of every seed × the row
+    tiles of all the rows; uneven groups that share row tiles, a seed with no rows, the buffers' tail past the
+    rows): bit for bit its launch over the groups with rows given on the host; the control: one seed's weights
+    for every row differ."""
+    from tests.test_sorted_rows import runs, sorted_rows
+    g = torch.Generator(device="cuda").manual_seed(1)
+    index = sorted([2, 0, 2, 2, 0, 0, 2] * 24 + [0] * 9)  # 177 rows: seeds 0 and 2, seeds 1 and 3 none
+    rows, _ = sorted_rows(index, 256, device="cuda")
+    k = 1024
+    x = (torch.randn(len(index), k, generator=g, device="cuda") * 0.5).bfloat16()
+    w = (torch.randn(192, k, generator=g, device="cuda") * 0.02).bfloat16()
+    b = (torch.randn(192, generator=g, device="cuda") * 0.02).bfloat16()
+    got = seeded_linear(x, w, b, rows.tables, 4096, 9000, backend="triton", launch=launch)
+    groups = runs(index)
+    assert [gr.rows for gr in groups] == [index.count(0), index.count(2)]
+    assert torch.equal(got, seeded_linear(x, w, b, groups, 4096, 9000, backend="triton", launch=launch))
+    one = [SeedRows(0, len(index), groups[0].seed, groups[0].sigma)]
+    assert not torch.equal(got, seeded_linear(x, w, b, one, 4096, 9000, backend="triton", launch=launch))
