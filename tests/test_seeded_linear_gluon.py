@@ -34,7 +34,12 @@ LAUNCHES = [SeededLaunch.parse(v) for v in ("128/128/64/4/3/swap/tma/gluon", "12
                                             "128/128/64/8/4/swap/tma/gluon", "64/128/64/4/4/swap/tma/gluon",
                                             "128/128/64/8/4/swap/tma/gluon/f8", "128/128/64/4/3/tma/gluon/f8")]
 LAUNCHES += SPLIT_LAUNCHES
+# /ldg: the forming warps load the base tile from global memory (two sets of registers, a loop of two K steps)
+LDG_LAUNCHES = [SeededLaunch.parse(v) for v in ("128/128/64/8/4/swap/tma/gluon/ldg", "128/128/64/8/4/swap/tma/gluon/ldg/f8",
+                                                "128/128/64/4/3/tma/gluon/ldg", "128/128/64/8/4/swap/tma/gluon/ldg/f8/k8")]
+LAUNCHES += LDG_LAUNCHES
 SMALL = SeededLaunch.parse("64/64/64/4/2/swap/tma/gluon")  # tiles that a K of 64 and 48 columns leave partial
+SMALL_LDG = dataclasses.replace(SMALL, ldg=True)  # … read with masks, past the weight's rows and K
 
 
 @pytest.mark.skipif(not offline_compile.available(), reason="needs Triton's bundled ptxas and cuobjdump")
@@ -46,7 +51,8 @@ def test_the_gluon_kernel_compiles_warp_specialized_for_hopper(launch, perturb):
     all where a partition's budget is short), no spills; formed, the K loop of the forming partition (the one loop
     storing to shared memory) holds the hash and the sign's LOP3 and no wgmma, and the wgmma's loop no forming;
     plain, nothing is stored to shared memory in a loop. Split (/kN), the same, and the part read from the grid's
-    third axis; unsplit, that axis is not read."""
+    third axis; unsplit, that axis is not read. /ldg, formed: the forming loop loads the base tile by 16-byte
+    global loads and reads nothing from shared memory (the loader copies the rows' tiles alone)."""
     compiled = compile_offline(launch, perturb, k=3584)
     ptx = compiled.asm["ptx"]
     assert "ttg.warp_specialize" in compiled.asm["ttgir"]
@@ -68,6 +74,7 @@ def test_the_gluon_kernel_compiles_warp_specialized_for_hopper(launch, perturb):
         assert "HGMMA" not in storing[0] and "FADD" in storing[0] and "LOP3.LUT" in storing[0]
         assert "0x80000000" in storing[0]  # the sign's LOP3 (_signed_sigma), not the plain expression
         assert not re.search(r"\bFADD\b", multiplying[0])
+        assert ("LDG.E.128" in storing[0]) == launch.ldg and bool(re.search(r"\bLDS", storing[0])) != launch.ldg
     else:
         assert storing == []
 
@@ -116,9 +123,14 @@ def test_gluon_launches_are_refused_where_they_do_not_apply():
                      ("64/64/32/4/2/swap/tma/gluon", "twice: widen block_n or block_k$")):
         with pytest.raises(ValueError, match=why):
             SeededLaunch.parse(bad)
-    for bad in ("128/128/64/4/3/swap/tma/f8/gluon", "128/128/64/8/4/swap/tma/gluon/k4/f8"):
-        with pytest.raises(ValueError, match=r"\[/gluon\]\[/fN\]\[/kN\]"):
+    for bad in ("128/128/64/4/3/swap/tma/f8/gluon", "128/128/64/8/4/swap/tma/gluon/k4/f8",
+                "128/128/64/8/4/swap/tma/gluon/f8/ldg"):
+        with pytest.raises(ValueError, match=r"\[/gluon\]\[/ldg\]\[/fN\]\[/kN\]"):
             SeededLaunch.parse(bad)
+    with pytest.raises(ValueError, match="add /gluon or drop /ldg"):
+        SeededLaunch.parse("128/128/64/4/3/swap/tma/ldg")
+    for v in ("128/128/64/8/4/swap/tma/gluon/ldg", "128/128/64/8/4/swap/tma/gluon/ldg/f8/k8"):
+        assert str(SeededLaunch.parse(v)) == v and SeededLaunch.parse(v).ldg
     with pytest.raises(ValueError, match="/gluon"):
         SeededLaunch.parse("128/128/64/4/3/gluon/tma")  # the flags' order is FLAGS'
     assert str(SeededLaunch.parse("128/128/64/4/3/swap/tma/gluon")) == "128/128/64/4/3/swap/tma/gluon"
@@ -141,7 +153,7 @@ def test_gluon_launches_are_refused_where_they_do_not_apply():
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("launch", LAUNCHES + [SMALL], ids=str)
+@pytest.mark.parametrize("launch", LAUNCHES + [SMALL, SMALL_LDG], ids=str)
 def test_the_gluon_kernel_forms_the_reconstruct_kernels_weights(launch):
     """Through the identity, bit for bit, as tests/test_seeded_linear.py reads back the Triton kernel's: K of
     whole words over one and several K steps, a column count that leaves a partial tile, a perturbed bias (in
@@ -174,7 +186,7 @@ def test_the_gluon_kernel_refuses_what_it_does_not_form():
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("launch", LAUNCHES + [SMALL], ids=str)
+@pytest.mark.parametrize("launch", LAUNCHES + [SMALL, SMALL_LDG], ids=str)
 def test_each_seeds_rows_are_its_own_linear_layer_under_gluon(launch):
     """Each seed's rows, uneven groups (a row tile shared by two seeds, partial row and column tiles) with a
     perturbed bias, against F.linear on that seed's formed weights and bias: equal up to bf16 rounding of sums
@@ -217,7 +229,7 @@ def test_a_split_gluon_launch_adds_its_parts_once_each_in_one_order(launch):
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("launch", [SeededLaunch.parse("128/128/64/8/4/swap/tma/gluon/f8"), SPLIT_LAUNCHES[0]],
+@pytest.mark.parametrize("launch", [SeededLaunch.parse("128/128/64/8/4/swap/tma/gluon/f8"), SPLIT_LAUNCHES[0], LDG_LAUNCHES[0]],
                          ids=str)
 def test_a_gluon_launch_over_device_tables_gives_the_launch_over_the_same_groups(launch):
     """The continuous schedule's steps through the Gluon kernel (SeedTables: a grid of every seed × the row

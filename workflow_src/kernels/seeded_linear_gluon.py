@@ -72,17 +72,20 @@ LOAD_REGS = 24  # the least a warp can be given: the loader holds scalars only
 FORM_REGS = {4: 152, 8: 96}
 
 
-def _load_partition(x_desc, w_desc, x_bufs, w_bufs, x_ready, w_ready, x_free, w_free, x_row, w_row, k0, k_tiles):
-    # The weight tile first: the forming waits on it, the wgmma on the forming.
+def _load_partition(x_desc, w_desc, x_bufs, w_bufs, x_ready, w_ready, x_free, w_free, x_row, w_row, k0, k_tiles,
+                    W_TILES: gl.constexpr):
+    # The weight tile first: the forming waits on it, the wgmma on the forming. W_TILES false (/ldg, where the
+    # forming warps load the base tile themselves, and something is perturbed): the rows' tiles alone.
     stages: gl.constexpr = x_bufs.shape[0]
     block_k: gl.constexpr = x_desc.block_type.shape[1]
     for i in range(k_tiles):
         s = i % stages
         phase = (i // stages) & 1
         # a fresh mbarrier counts as its phase 1 done, so the first pass through the ring does not wait
-        mbarrier.wait(w_free.index(s), phase ^ 1)
-        mbarrier.expect(w_ready.index(s), w_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(w_desc, [w_row, k0 + i * block_k], w_ready.index(s), w_bufs.index(s))
+        if W_TILES:
+            mbarrier.wait(w_free.index(s), phase ^ 1)
+            mbarrier.expect(w_ready.index(s), w_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(w_desc, [w_row, k0 + i * block_k], w_ready.index(s), w_bufs.index(s))
         mbarrier.wait(x_free.index(s), phase ^ 1)
         mbarrier.expect(x_ready.index(s), x_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(x_desc, [x_row, k0 + i * block_k], x_ready.index(s), x_bufs.index(s))
@@ -95,8 +98,22 @@ def _pack_bf16x2(lo, hi):
                                      is_pure=True, pack=1)
 
 
+def _ldg_pairs(pairs_at, rows_ok, tile_pairs, k_pairs, i, k_tiles, step: gl.constexpr, EVEN: gl.constexpr):
+    """K step min(i, k_tiles − 1)'s base tile as 32-bit pairs from global memory (`pairs_at` its first step's):
+    a step past the last loads the last again, so no load is predicated on it. EVEN (the weight's rows and K
+    whole tiles): unmasked; else zeros past the weight's rows and K."""
+    at = pairs_at + gl.minimum(i, k_tiles - 1) * step
+    if EVEN:
+        pairs = gl.load(at)
+    else:
+        ok = rows_ok[:, None] & (tile_pairs + gl.minimum(i, k_tiles - 1) * step < k_pairs)[None, :]
+        pairs = gl.load(at, mask=ok, other=0)
+    return pairs.to(gl.uint32, bitcast=True)
+
+
 def _form_partition(w_bufs, f_bufs, w_ready, w_free, f_ready, f_free, row_word0, words_per_row, seed, sigma_bits,
-                    k_tiles, PERTURB_W: gl.constexpr, ROW_WARPS: gl.constexpr):
+                    k_tiles, w_pairs_ptr, n0, N, K, k0, PERTURB_W: gl.constexpr, ROW_WARPS: gl.constexpr,
+                    LDG: gl.constexpr, EVEN: gl.constexpr):
     stages: gl.constexpr = w_bufs.shape[0]
     block_n: gl.constexpr = w_bufs.shape[1]
     block_k: gl.constexpr = w_bufs.shape[2]
@@ -126,35 +143,76 @@ def _form_partition(w_bufs, f_bufs, w_ready, w_free, f_ready, f_free, row_word0,
     left = (32 - right) % 32
     nxt = (right + 2) % 32
     nxt_left = (32 - nxt) % 32
-    s = 0  # the ring's slot and its phase, carried: a division by a stage count of 3 costs the K step ten
-    phase = 0  # instructions
-    for i in range(k_tiles * PERTURB_W):  # nothing perturbed: the wgmma reads the base tiles, this partition idles
-        mbarrier.wait(w_ready.index(s), phase)
-        w = w_pairs.index(s).load(flat)
-        # the slot's reads ordered before the loader's next TMA write into it
-        fence_async_shared()
-        mbarrier.arrive(w_free.index(s), count=1)
-        hw = _murmur3_word(row_words[:, None] + (i * words + word_at)[None, :], seed)[:, :, None]
-        # σ's bits with the sign flipped by one bit of a rotation, one instruction each: bit 0 moved to bit 31
-        # and added (adding 2**31 flips bit 31 alone: a shift-and-add, IMAD), bit 31 by _signed_sigma's LOP3
-        lo_sigma = (((hw >> right[None, None, :]) | (hw << left[None, None, :])) << 31) + sigma_bits
-        hi_sigma = _signed_sigma((hw >> nxt[None, None, :]) | (hw << nxt_left[None, None, :]), sigma_bits)
-        lo_sigma = gl.convert_layout(gl.reshape(lo_sigma, [block_n, block_k // 2]), flat, assert_trivial=True)
-        hi_sigma = gl.convert_layout(gl.reshape(hi_sigma, [block_n, block_k // 2]), flat, assert_trivial=True)
-        # a bf16 widens to fp32 exactly as its bits in the high half (a pair's low weight shifted there, its
-        # high weight's low half cleared); σ·R is σ with its sign flipped where R = −1: exact, so one fp32 add
-        # and one rounding (to nearest even) give the reconstruct kernel's bits
-        lo = (w << 16).to(gl.float32, bitcast=True) + lo_sigma.to(gl.float32, bitcast=True)
-        hi = (w & 0xFFFF0000).to(gl.float32, bitcast=True) + hi_sigma.to(gl.float32, bitcast=True)
-        mbarrier.wait(f_free.index(s), phase ^ 1)
-        f_pairs.index(s).store(_pack_bf16x2(lo, hi))
-        # the generic-proxy stores made visible to the wgmma's async-proxy reads
-        fence_async_shared()
-        mbarrier.arrive(f_ready.index(s), count=1)
-        s += 1
-        wrap = s == stages
-        phase = phase ^ wrap.to(gl.int32)
-        s = gl.where(wrap, 0, s)
+    if LDG:
+        # /ldg: each thread loads its own words' pairs, 16-byte pieces of one row, from global memory into registers
+        # (not through shared memory: the base tile's copy there is a write and a read of 16 KB a K step at
+        # 128/128/64, half again a perturbed step's shared-memory traffic). Two sets of registers, the even K steps'
+        # and the odd ones', each refilled with the step after next once formed, so a load has a step's forming to
+        # arrive in and the loop body, two steps, moves no register from set to set.
+        tile_rows = n0 + gl.arange(0, block_n, layout=gl.SliceLayout(1, flat))
+        tile_pairs = k0 // 2 + gl.arange(0, block_k // 2, layout=gl.SliceLayout(0, flat))
+        pairs_at = w_pairs_ptr + tile_rows.to(gl.int64)[:, None] * (K // 2) + tile_pairs[None, :]
+        rows_ok = tile_rows < N
+        steps = k_tiles * PERTURB_W
+        # a program with no K steps (a row tile past its group's rows, a split's part past K) loads nothing: its
+        # first tile may lie past the weight
+        first = (steps > 0) & rows_ok
+        last = gl.maximum(steps, 1)
+        even = _ldg_pairs(pairs_at, first, tile_pairs, K // 2, 0, last, block_k // 2, False)
+        odd = _ldg_pairs(pairs_at, first, tile_pairs, K // 2, 1, last, block_k // 2, False)
+        s = 0
+        phase = 0
+        for i in range(0, steps, 2):
+            s, phase = _form_step(even, i, s, phase, f_pairs, f_ready, f_free, row_words, word_at, right, left, nxt,
+                                  nxt_left, seed, sigma_bits, flat)
+            even = _ldg_pairs(pairs_at, rows_ok, tile_pairs, K // 2, i + 2, last, block_k // 2, EVEN)
+            if i + 1 < steps:
+                s, phase = _form_step(odd, i + 1, s, phase, f_pairs, f_ready, f_free, row_words, word_at, right,
+                                      left, nxt, nxt_left, seed, sigma_bits, flat)
+            odd = _ldg_pairs(pairs_at, rows_ok, tile_pairs, K // 2, i + 3, last, block_k // 2, EVEN)
+    else:
+        s = 0  # the ring's slot and its phase, carried: a division by a stage count of 3 costs the K step ten
+        phase = 0  # instructions
+        for i in range(k_tiles * PERTURB_W):  # nothing perturbed: the wgmma reads the base tiles, this partition idles
+            mbarrier.wait(w_ready.index(s), phase)
+            w = w_pairs.index(s).load(flat)
+            # the slot's reads ordered before the loader's next TMA write into it
+            fence_async_shared()
+            mbarrier.arrive(w_free.index(s), count=1)
+            s, phase = _form_step(w, i, s, phase, f_pairs, f_ready, f_free, row_words, word_at, right, left, nxt,
+                                  nxt_left, seed, sigma_bits, flat)
+
+
+def _form_step(w, i, s, phase, f_pairs, f_ready, f_free, row_words, word_at, right, left, nxt, nxt_left, seed,
+               sigma_bits, flat: gl.constexpr):
+    """K step i's formed tile from its base pairs `w`, into the ring's slot s once the wgmma has freed it; the
+    next slot and its phase."""
+    stages: gl.constexpr = f_pairs.shape[0]
+    block_n: gl.constexpr = f_pairs.shape[1]
+    half_k: gl.constexpr = f_pairs.shape[2]
+    words: gl.constexpr = half_k // 16
+    hw = _murmur3_word(row_words[:, None] + (i * words + word_at)[None, :], seed)[:, :, None]
+    # σ's bits with the sign flipped by one bit of a rotation, one instruction each: bit 0 moved to bit 31
+    # and added (adding 2**31 flips bit 31 alone: a shift-and-add, IMAD), bit 31 by _signed_sigma's LOP3
+    lo_sigma = (((hw >> right[None, None, :]) | (hw << left[None, None, :])) << 31) + sigma_bits
+    hi_sigma = _signed_sigma((hw >> nxt[None, None, :]) | (hw << nxt_left[None, None, :]), sigma_bits)
+    lo_sigma = gl.convert_layout(gl.reshape(lo_sigma, [block_n, half_k]), flat, assert_trivial=True)
+    hi_sigma = gl.convert_layout(gl.reshape(hi_sigma, [block_n, half_k]), flat, assert_trivial=True)
+    # a bf16 widens to fp32 exactly as its bits in the high half (a pair's low weight shifted there, its
+    # high weight's low half cleared); σ·R is σ with its sign flipped where R = −1: exact, so one fp32 add
+    # and one rounding (to nearest even) give the reconstruct kernel's bits
+    lo = (w << 16).to(gl.float32, bitcast=True) + lo_sigma.to(gl.float32, bitcast=True)
+    hi = (w & 0xFFFF0000).to(gl.float32, bitcast=True) + hi_sigma.to(gl.float32, bitcast=True)
+    mbarrier.wait(f_free.index(s), phase ^ 1)
+    f_pairs.index(s).store(_pack_bf16x2(lo, hi))
+    # the generic-proxy stores made visible to the wgmma's async-proxy reads
+    fence_async_shared()
+    mbarrier.arrive(f_ready.index(s), count=1)
+    s += 1
+    wrap = s == stages
+    phase = phase ^ wrap.to(gl.int32)
+    s = gl.where(wrap, 0, s)
+    return s, phase
 
 
 def _mma_partition(x_bufs, f_bufs, x_ready, x_free, f_ready, f_free, k_tiles, acc_layout: gl.constexpr,
@@ -187,8 +245,10 @@ def _mma_partition(x_bufs, f_bufs, x_ready, x_free, f_ready, f_free, k_tiles, ac
     return (acc,)  # warp_specialize hands the default partition's results back as a tuple
 
 
-def _seeded_linear_gluon_body(x_desc, w_desc, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr, sigma_ptr, N, K, M_ROWS,
-                              PART_K, w_offset, b_offset, M_TILES, SPLIT: gl.constexpr, PERTURB_W: gl.constexpr,
+def _seeded_linear_gluon_body(x_desc, w_desc, w_pairs_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr, sigma_ptr, N, K,
+                              M_ROWS, PART_K, w_offset, b_offset, M_TILES, SPLIT: gl.constexpr, LDG: gl.constexpr,
+                              EVEN: gl.constexpr,
+                              PERTURB_W: gl.constexpr,
                               HAS_BIAS: gl.constexpr, PERTURB_B: gl.constexpr, SWAP: gl.constexpr,
                               STAGES: gl.constexpr, FORM_WARPS: gl.constexpr, ROW_WARPS: gl.constexpr,
                               LOAD_REGS: gl.constexpr, FORM_REGS: gl.constexpr):
@@ -255,9 +315,9 @@ def _seeded_linear_gluon_body(x_desc, w_desc, b_ptr, y_ptr, row0_ptr, rows_ptr, 
     (acc,) = gl.warp_specialize([
         (_mma_partition, (x_bufs, b_bufs, x_ready, x_free, b_ready, b_free, k_tiles, acc_layout, SWAP)),
         (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, x_ready, w_ready, x_free, w_free,
-                           row0 + tile_m * block_m, n0, k0, k_tiles)),
+                           row0 + tile_m * block_m, n0, k0, k_tiles, not (LDG and PERTURB_W))),
         (_form_partition, (w_bufs, f_bufs, w_ready, w_free, f_ready, f_free, row_word0, (K // 32).to(gl.uint32),
-                           seed, sigma_bits, k_tiles, PERTURB_W, ROW_WARPS)),
+                           seed, sigma_bits, k_tiles, w_pairs_ptr, n0, N, K, k0, PERTURB_W, ROW_WARPS, LDG, EVEN)),
     ], [1, FORM_WARPS], [LOAD_REGS, FORM_REGS])
 
     out: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
@@ -282,7 +342,7 @@ def _seeded_linear_gluon_body(x_desc, w_desc, b_ptr, y_ptr, row0_ptr, rows_ptr, 
 
 
 HELPERS = (_key_mix, _state_step, _fmix32, _splat, _murmur3_key, _murmur3_word, _v2_flip, _signed_sigma,
-           _pack_bf16x2, _load_partition, _form_partition, _mma_partition)
+           _pack_bf16x2, _ldg_pairs, _form_step, _load_partition, _form_partition, _mma_partition)
 
 
 @functools.cache
@@ -322,8 +382,10 @@ def launch(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, la
                                           shared_layout(launch.block_n, launch.block_k))
     split = out.dim() == 3
     grid = (len(tables[0]) * m_tiles, triton.cdiv(N, launch.block_n), out.shape[0] if split else 1)
-    kernel()[grid](x_desc, w_desc, bias if bias is not None else x, out, *tables, N, K, M, part_k, weight_offset or 0,
-                   bias_offset or 0, m_tiles, SPLIT=split, PERTURB_W=weight_offset is not None,
+    kernel()[grid](x_desc, w_desc, weight.view(torch.int32), bias if bias is not None else x, out, *tables, N, K, M,
+                   part_k, weight_offset or 0, bias_offset or 0, m_tiles, SPLIT=split, LDG=launch.ldg,
+                   EVEN=N % launch.block_n == 0 and K % launch.block_k == 0,
+                   PERTURB_W=weight_offset is not None,
                    HAS_BIAS=bias is not None, PERTURB_B=bias is not None and bias_offset is not None, SWAP=launch.swap,
                    STAGES=launch.num_stages, num_warps=launch.num_warps, **partition_constexprs(launch))
 
@@ -340,16 +402,16 @@ def compile_offline(launch, perturb: bool, k: int, arch: int = 90, bias: bool = 
     tiles = {"x_desc": (launch.block_m, launch.block_k), "w_desc": (launch.block_n, launch.block_k)}
     signature = {name: f"tensordesc<bf16[{r}, {c}],{shared_layout(r, c)!r}>" for name, (r, c) in tiles.items()}
     split = launch.split_k > 1
-    signature.update({"b_ptr": "*bf16", "y_ptr": "*fp32" if split else "*bf16", "row0_ptr": "*i32",
+    signature.update({"w_pairs_ptr": "*i32", "b_ptr": "*bf16", "y_ptr": "*fp32" if split else "*bf16", "row0_ptr": "*i32",
                       "rows_ptr": "*i32", "seed_ptr": "*i64", "sigma_ptr": "*fp32", "N": "i32", "K": "i32",
                       "M_ROWS": "i32", "PART_K": "i32", "w_offset": "i64", "b_offset": "i64", "M_TILES": "i32"})
-    constexprs = {"SPLIT": split, "PERTURB_W": perturb, "HAS_BIAS": bias, "PERTURB_B": bias and perturb,
+    constexprs = {"SPLIT": split, "LDG": launch.ldg, "EVEN": k % launch.block_k == 0, "PERTURB_W": perturb, "HAS_BIAS": bias, "PERTURB_B": bias and perturb,
                   "SWAP": launch.swap, "STAGES": launch.num_stages, **partition_constexprs(launch)}
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     names = fn.arg_names
     # as a launch specializes them: the pointers 16-byte aligned, N and K multiples of 16, and so PART_K (whole
     # tiles, or K)
-    aligned = ("b_ptr", "y_ptr", "row0_ptr", "rows_ptr", "seed_ptr", "sigma_ptr", "N") + (
+    aligned = ("w_pairs_ptr", "b_ptr", "y_ptr", "row0_ptr", "rows_ptr", "seed_ptr", "sigma_ptr", "N") + (
         ("K", "PART_K") if k % 16 == 0 else ())
     source = GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constexprs.items()},
                             {(names.index(a),): [["tt.divisibility", 16]] for a in aligned})
