@@ -122,33 +122,25 @@ def test_population_runs_come_apart_into_phases_that_add_up_to_each_run(tmp_path
 
 
 @pytest.mark.parametrize("per_step", [1, 2])
-def test_the_profile_holds_the_decode_steps_alone(tiny, per_step):
-    """One argmax a decode step and one for the prefill's first tokens: the profile's argmax calls are its steps.
-    Its linears per step stay the same from 3 tokens to 5; with the prefill's in, they would fall with N."""
+def test_the_profile_holds_the_decode_steps_alone_and_the_prefills_apart(tiny, per_step):
+    """One argmax a decode step and one for the prefill's first tokens: the decode table's argmax calls are its
+    steps, its linears per step the same from 3 tokens to 5 (with the prefill's in, they would fall with N). The
+    prefill table, from the same run: the prefills alone, one embedding and 15 linears a seed's batch, and the one
+    argmax of their first tokens (a decode step inside would add an argmax)."""
     model, tok = tiny
     prompts, per_call = random_prompts(4, 12), {}
     for n in (3, 5):
         a = argparse.Namespace(batch=4, profile=n, sigma=1e-3, device="cpu", seeded_launch="32/64/64/4/3")
-        prof = profile_static(model, tok, a, prompts, lambda: None, top=10_000, per_step=per_step)
+        tables = profile_static(model, tok, a, prompts, lambda: None, top=10_000, per_step=per_step)
+        prof = tables[DECODE]
         calls = {r["op"]: r["calls"] for r in prof["top"]}
         # the first token is the prefill's; with overlap the step past the last token is launched too: n steps
         assert prof["what"].startswith("decode steps only") and prof["decode_steps"] == n
         assert calls["aten::argmax"] == prof["decode_steps"]
         per_call[n] = calls["aten::linear"] / prof["decode_steps"]
+        prefill = tables[PREFILL]
+        calls = {r["op"]: r["calls"] for r in prefill["top"]}
+        assert prefill["what"].startswith("prefills only") and prefill["prefills"] == per_step
+        assert prefill["per_prefill_ms"] == pytest.approx(prefill["total_ms"] / per_step)
+        assert (calls["aten::embedding"], calls["aten::linear"], calls["aten::argmax"]) == (per_step, 15 * per_step, 1)
     assert per_call[3] == per_call[5] == 15 * per_step  # 2 layers × 7 linears + lm_head, per seed's group
-
-
-@pytest.mark.parametrize("per_step", [1, 2])
-def test_the_prefill_profile_holds_the_prefills_alone(tiny, per_step):
-    """The prefills before the first decode step, each seed's batch once: one embedding and 15 linears a seed,
-    the same from 3 tokens to 5 (a decode step's would add 15 linears and an argmax each)."""
-    model, tok = tiny
-    prompts = random_prompts(4, 12)
-    for n in (3, 5):
-        a = argparse.Namespace(batch=4, profile=n, sigma=1e-3, device="cpu", seeded_launch="32/64/64/4/3")
-        prof = profile_static(model, tok, a, prompts, lambda: None, top=10_000, per_step=per_step, phase=PREFILL)
-        calls = {r["op"]: r["calls"] for r in prof["top"]}
-        assert prof["what"].startswith("prefills only") and prof["prefills"] == per_step
-        assert prof["per_prefill_ms"] == pytest.approx(prof["total_ms"] / per_step)
-        assert (calls["aten::embedding"], calls["aten::linear"]) == (per_step, 15 * per_step)
-        assert calls["aten::argmax"] == 1  # the prefills' first tokens, once for the step's rows

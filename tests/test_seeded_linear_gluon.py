@@ -38,13 +38,19 @@ LAUNCHES += SPLIT_LAUNCHES
 LDG_LAUNCHES = [SeededLaunch.parse(v) for v in ("128/128/64/8/4/swap/tma/gluon/ldg", "128/128/64/8/4/swap/tma/gluon/ldg/f8",
                                                 "128/128/64/4/3/tma/gluon/ldg", "128/128/64/8/4/swap/tma/gluon/ldg/f8/k8")]
 LAUNCHES += LDG_LAUNCHES
+# compiled on the CPU (a few seconds each): one launch of each feature, and each pair that shares a code path
+COMPILED = [SeededLaunch.parse(v) for v in ("128/128/64/4/3/swap/tma/gluon", "128/128/64/4/3/tma/gluon",
+                                            "128/128/64/8/4/swap/tma/gluon", "64/128/64/4/4/swap/tma/gluon",
+                                            "128/128/64/8/4/swap/tma/gluon/f8", "128/128/64/4/3/tma/gluon/k4",
+                                            "128/128/64/8/4/swap/tma/gluon/ldg",
+                                            "128/128/64/8/4/swap/tma/gluon/ldg/f8/k8")]
 SMALL = SeededLaunch.parse("64/64/64/4/2/swap/tma/gluon")  # tiles that a K of 64 and 48 columns leave partial
 SMALL_LDG = dataclasses.replace(SMALL, ldg=True)  # … read with masks, past the weight's rows and K
 
 
 @pytest.mark.skipif(not offline_compile.available(), reason="needs Triton's bundled ptxas and cuobjdump")
 @pytest.mark.parametrize("perturb", [True, False], ids=["formed", "plain"])
-@pytest.mark.parametrize("launch", LAUNCHES, ids=str)
+@pytest.mark.parametrize("launch", COMPILED, ids=str)
 def test_the_gluon_kernel_compiles_warp_specialized_for_hopper(launch, perturb):
     """Compiled for sm_90a here, without a GPU: wgmma fed by TMA, the partitions' registers set apart (setmaxnreg:
     the loader down to 24, the forming warps to their budget, the wgmma warps up; kept by ptxas, which drops them
@@ -80,7 +86,7 @@ def test_the_gluon_kernel_compiles_warp_specialized_for_hopper(launch, perturb):
 
 
 @pytest.mark.skipif(not offline_compile.available(), reason="needs Triton's bundled ptxas and cuobjdump")
-@pytest.mark.parametrize("launch", [launch for launch in LAUNCHES if launch.form_warps == 8], ids=str)
+@pytest.mark.parametrize("launch", [launch for launch in COMPILED if launch.form_warps == 8], ids=str)
 def test_eight_forming_warps_split_the_tile_rather_than_repeat_it(launch):
     """/f8 spreads a 128-row tile's words over the warps past its rows: each forming thread forms half the weights
     of /f4's, with the same instructions a weight (the K step's barriers spread over fewer weights), not twice as
@@ -92,7 +98,7 @@ def test_eight_forming_warps_split_the_tile_rather_than_repeat_it(launch):
 
 
 @pytest.mark.skipif(not offline_compile.available(), reason="needs Triton's bundled ptxas and cuobjdump")
-@pytest.mark.parametrize("launch", LAUNCHES, ids=str)
+@pytest.mark.parametrize("launch", COMPILED, ids=str)
 def test_the_forming_takes_few_instructions_a_weight(launch):
     """The forming loop's SASS a weight (bench/seeded_linear_compile.py's forming_cost): the base read as 32-bit
     pairs of bf16, each widened by one shift or one mask (no byte permutes), a sign by one instruction on its

@@ -23,11 +23,11 @@ each engine's `share_of_floor` is the floor's seconds over its own, and the popu
 `--profile N` then profiles the decode steps of N new tokens of the static engine on the last shape with the
 torch profiler, eager (kernels inside a replayed CUDA graph are not attributed one by one), and records the ops
 that took the most device (CPU: host) time: where a decode step goes, as a guide to the next optimization. The
-prefill runs before the profiler starts (PhaseProfile), so its ops, which on a prompt of hundreds of tokens
+prefill runs before the decode's profiler starts (PhaseProfiles), so its ops, which on a prompt of hundreds of tokens
 would outweigh a few steps', are not in the table. With a population of more than one seed per step it profiles
 the population decode at the largest S too (its first S seeds, N tokens each, one batch of prompts a seed):
 `profile` holds one table per engine, `static` and `static+seeds_per_step=S`, each with its `decode_steps` and
-`per_decode_step_ms`. `prefill_profile` holds the same engines' prefills, profiled alone in a run of their own
+`per_decode_step_ms`. `prefill_profile` holds the same runs' prefills, profiled apart by a profiler of their own
 (the first block of prefills: one batch of prompts, and with S seeds a step each of the S seeds' batches, on that
 seed's formed weights), with `prefills` (the seeds whose prompts it holds) and `per_prefill_ms`.
 `--engines` takes engine names, and `static:key=value,...` for the static engine with other options: `span=N`
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                     help="profile the decode steps (the prefill left out) of N new tokens (N >= 2) of the eager static "
                          "engine on the last shape, and of its population decode at the largest --seeds-per-step "
-                         "above 1 (top ops by time); then, in runs of their own, their prefills alone")
+                         "above 1 (top ops by time), and apart the prefills before those steps")
     parser.add_argument("--determinism", choices=DETERMINISM, default="off",
                     help="the process's determinism settings (pin_determinism); the RandOpt workflow runs `torch`")
     parser.add_argument("--tiny", action="store_true")
@@ -304,10 +304,11 @@ def main(argv: list[str] | None = None) -> None:
                                            length_model)
         if args.profile and shape == args.shapes[-1]:
             most = max(args.seeds_per_step)
-            steps = [1] + ([most] if args.seeds and most > 1 else [])
-            for key, phase in (("profile", DECODE), ("prefill_profile", PREFILL)):
-                doc[key] = {"static" + (f"+seeds_per_step={s}" if s > 1 else ""):
-                            profile_static(model, tok, args, prompts, sync, per_step=s, phase=phase) for s in steps}
+            doc["profile"], doc["prefill_profile"] = {}, {}
+            for per_step in [1] + ([most] if args.seeds and most > 1 else []):
+                tables = profile_static(model, tok, args, prompts, sync, per_step=per_step)
+                name = "static" + (f"+seeds_per_step={per_step}" if per_step > 1 else "")
+                doc["profile"][name], doc["prefill_profile"][name] = tables[DECODE], tables[PREFILL]
         del model
         if args.device == "cuda":
             torch.cuda.empty_cache()
@@ -315,44 +316,48 @@ def main(argv: list[str] | None = None) -> None:
         json.dump(doc, f, indent=1)
 
 
-class PhaseProfile(PhaseClock):
-    """A phase hook that runs the torch profiler over the engine's first block of one phase only (`phase`,
-    DECODE or PREFILL): started where the block's first work is launched, after what came before it has finished
-    (the device synchronized), and stopped, once its last work has finished, where the engine leaves the phase.
-    Later blocks are not profiled; `profiled_steps` counts the decode steps inside."""
+class PhaseProfiles(PhaseClock):
+    """A phase hook that runs a torch profiler of its own over the engine's first block of each phase it is given
+    (`profilers`: PREFILL and DECODE): started where the block's first work is launched, after what came before it
+    has finished (the device synchronized), and stopped, once its last work has finished, where the engine leaves
+    the phase. Later blocks are not profiled; `profiled_steps` counts the decode steps inside."""
 
-    def __init__(self, profiler, sync, phase: str = DECODE):
+    def __init__(self, profilers: dict, sync):
         super().__init__()
-        self.profiler, self.sync, self.phase = profiler, sync, phase
-        self.state, self.profiled_steps = "before", 0
+        self.profilers, self.sync = profilers, sync
+        self.state = dict.fromkeys(profilers, "before")
+        self.profiled_steps = 0
 
     def enter(self, name: str | None) -> None:
         if name != self.current:
-            if name == self.phase and self.state == "before":
+            self._stop(self.current)
+            if self.state.get(name) == "before":
                 self.sync()
-                self.profiler.start()
-                self.state = "on"
-            elif self.state == "on":
-                self.finish()
+                self.profilers[name].start()
+                self.state[name] = "on"
         super().enter(name)
 
-    def finish(self) -> None:
-        if self.state == "on":
+    def _stop(self, phase: str | None) -> None:
+        if self.state.get(phase) == "on":
             self.sync()
-            self.profiler.stop()
-            self.state = "after"
+            self.profilers[phase].stop()
+            self.state[phase] = "after"
+
+    def finish(self) -> None:
+        for phase in self.profilers:
+            self._stop(phase)
 
     def step(self, n: int = 1) -> None:
         super().step(n)
-        if self.state == "on":
+        if self.state.get(DECODE) == "on":
             self.profiled_steps += n
 
 
-def profile_static(model, tok, a, prompts, sync, top: int = 25, per_step: int = 1, phase: str = DECODE) -> dict:
-    """The ops of the decode steps of `a.profile` eager static-engine tokens over one batch (PhaseProfile: the
-    prefill left out), or with `phase` PREFILL of the prefills before them alone, by total self time (device
-    time on a GPU, host time on the CPU), with call counts; `per_step` above 1: the population decode of the first
-    `per_step` seeds, each over that batch, weights formed in each op (the bench's backend and launch)."""
+def profile_static(model, tok, a, prompts, sync, top: int = 25, per_step: int = 1) -> dict:
+    """The ops of the decode steps of `a.profile` eager static-engine tokens over one batch (DECODE) and, apart,
+    of the prefills before them (PREFILL), each by total self time (device time on a GPU, host time on the CPU),
+    with call counts, from one profiled run (PhaseProfiles); `per_step` above 1: the population decode of the
+    first `per_step` seeds, each over that batch, weights formed in each op (the bench's backend and launch)."""
     from torch.profiler import ProfilerActivity, profile
 
     engine = StaticEngine(model, tok, a.batch * per_step, meter=ThroughputMeter(sync=sync), graphs=False,
@@ -369,32 +374,37 @@ def profile_static(model, tok, a, prompts, sync, top: int = 25, per_step: int = 
             engine.generate_population(batch, chunk, a.profile, weights)
     run()  # warm-up
     cuda = a.device == "cuda"
-    prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
-    engine.phases = hook = PhaseProfile(prof, sync, phase)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    engine.phases = hook = PhaseProfiles({phase: profile(activities=activities) for phase in (PREFILL, DECODE)},
+                                         sync)
     try:
         run()
     finally:
         hook.finish()
         engine.phases = None
-    if hook.state == "before":
-        raise RuntimeError(f"profile: {a.profile} new tokens launched no {phase} to profile")
+    if hook.state[DECODE] == "before":
+        raise RuntimeError(f"profile: {a.profile} new tokens launched no decode step to profile")
     field = "self_device_time_total" if cuda else "self_cpu_time_total"
-    ops = sorted((e for e in prof.key_averages() if getattr(e, field) > 0), key=lambda e: -getattr(e, field))
-    total = sum(getattr(e, field) for e in ops)
-    rows = [{"op": e.key, "calls": e.count, "ms": getattr(e, field) / 1e3,
-             "share": getattr(e, field) / total} for e in ops[:top]]
-    for r in rows[:10]:
-        print(f"profile {phase} S={per_step} {r['share']:6.1%} {r['ms']:10.2f} ms {r['calls']:7d}x {r['op'][:80]}",
-              flush=True)
-    out = {"new_tokens": a.profile, "prompts": len(batch), "seeds_per_step": per_step,
-           "clock": "device" if cuda else "host", "total_ms": total / 1e3, "top": rows}
-    if phase == PREFILL:
-        return {"what": "prefills only: the profiler runs from the first prefill's launch to the end of the block of "
-                        "prefills before the first decode step (one batch of prompts for each seed of a step)",
-                **out, "prefills": per_step, "per_prefill_ms": total / 1e3 / per_step}
-    return {"what": "decode steps only: the profiler runs from the first decode step's launch, after the prefill has "
-                    "finished, to the end of the last step",
-            **out, "decode_steps": hook.profiled_steps, "per_decode_step_ms": total / 1e3 / hook.profiled_steps}
+    tables = {}
+    for phase, prof in hook.profilers.items():
+        ops = sorted((e for e in prof.key_averages() if getattr(e, field) > 0), key=lambda e: -getattr(e, field))
+        total = sum(getattr(e, field) for e in ops)
+        rows = [{"op": e.key, "calls": e.count, "ms": getattr(e, field) / 1e3,
+                 "share": getattr(e, field) / total} for e in ops[:top]]
+        for r in rows[:10]:
+            print(f"profile {phase} S={per_step} {r['share']:6.1%} {r['ms']:10.2f} ms {r['calls']:7d}x "
+                  f"{r['op'][:80]}", flush=True)
+        tables[phase] = {"new_tokens": a.profile, "prompts": len(batch), "seeds_per_step": per_step,
+                         "clock": "device" if cuda else "host", "total_ms": total / 1e3, "top": rows}
+    tables[PREFILL] = {"what": "prefills only: the profiler runs from the first prefill's launch to the end of the "
+                               "block of prefills before the first decode step (one batch of prompts for each seed "
+                               "of a step)",
+                       **tables[PREFILL], "prefills": per_step, "per_prefill_ms": tables[PREFILL]["total_ms"] / per_step}
+    tables[DECODE] = {"what": "decode steps only: the profiler runs from the first decode step's launch, after the "
+                              "prefill has finished, to the end of the last step",
+                      **tables[DECODE], "decode_steps": hook.profiled_steps,
+                      "per_decode_step_ms": tables[DECODE]["total_ms"] / hook.profiled_steps}
+    return tables
 
 
 def population_weights(model, args) -> SeededWeights:
