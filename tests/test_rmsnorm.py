@@ -182,13 +182,17 @@ def test_gpu_a_scale_per_row_equals_the_eager_broadcast(shape, add):
     index = torch.arange(shape[0], dtype=torch.int32, device="cuda") % 8
     table = w.view(shape[0], shape[-1])[:8].contiguous()
     for scales in (w, rmsnorm.RowScales(table, index)):
-        with torch.no_grad():
-            if add:
-                got, want = rmsnorm.add_rms_norm_fused(x, u, scales, 1e-6), rmsnorm.add_rms_norm(x, u, scales, 1e-6)
-            else:
-                got, want = (rmsnorm.rms_norm_fused(x, scales, 1e-6),), (rmsnorm.rms_norm(x, scales, 1e-6),)
-        for a, b in zip(got, want):
+        for a, b in zip(_normed(x, u, scales, add, fused=True), _normed(x, u, scales, add, fused=False)):
             assert bit_equal(a, b), ulp_stats(a, b)
+
+
+def _normed(x, u, weight, add: bool, fused: bool) -> tuple:
+    """(normed,) or, with `add`, (normed, new residual) of x (+ u), by the fused kernels or the eager ops, no
+    gradients."""
+    with torch.no_grad():
+        if add:
+            return (rmsnorm.add_rms_norm_fused if fused else rmsnorm.add_rms_norm)(x, u, weight, 1e-6)
+        return ((rmsnorm.rms_norm_fused if fused else rmsnorm.rms_norm)(x, weight, 1e-6),)
 
 
 # ------------------------------------------------------------------------------------------------ wiring
@@ -303,12 +307,8 @@ def test_a_scale_read_from_a_table_by_each_rows_index_gives_the_gathered_scales_
     gathered = scales.gathered(x)
     assert gathered.shape == (shape[0],) + (1,) * (len(shape) - 2) + (shape[-1],)
     assert rmsnorm.fusable(x, scales)
-    with torch.no_grad():
-        if add:
-            got, want = rmsnorm.add_rms_norm_fused(x, u, scales, 1e-6), rmsnorm.add_rms_norm_fused(x, u, gathered, 1e-6)
-        else:
-            got, want = (rmsnorm.rms_norm_fused(x, scales, 1e-6),), (rmsnorm.rms_norm_fused(x, gathered, 1e-6),)
-    for a, b in zip(got, want):
+    want = _normed(x, u, gathered, add, fused=True)
+    for a, b in zip(_normed(x, u, scales, add, fused=True), want):
         assert bit_equal(a, b)
     h = want[1] if add else x
     assert bit_equal(rmsnorm.rms_norm(h, scales, 1e-6), rmsnorm.rms_norm(h, gathered, 1e-6))

@@ -8,9 +8,15 @@ import torch
 
 from workflow_src.engine.population_decoder import row_tables
 from workflow_src.engine.seeded_weights import SeededWeights, SortedRows
-from workflow_src.kernels.seeded_linear import DEFAULT_LAUNCH, SeededLaunch, SeedRows, SeedTables, seeded_linear
+from workflow_src.kernels.seeded_linear import (
+    DEFAULT_LAUNCH,
+    SeededLaunch,
+    SeedRows,
+    SeedTables,
+    population_tables,
+    seeded_linear,
+)
 from workflow_src.noise import speedproof, speedproof_v2
-from workflow_src.noise import speedproof as noise
 
 POPULATION = ((7, 1e-3), (2**32 - 1, 0.02), (123456789, -3e-3), (99, 5e-3))
 SWAPPED = SeededLaunch(32, 16, 32, 4, 2, swap=True)
@@ -24,9 +30,7 @@ def sorted_rows(index, slots, population=POPULATION, device="cpu") -> tuple[Sort
     n = len(population)
     buffer = torch.tensor(row_tables(index, slots, n), dtype=torch.int32, device=device)
     order, _, seed_index, row0, rows = buffer.split([slots, slots, slots, n, n])
-    tables = SeedTables(row0, rows, torch.tensor([s for s, _ in population], dtype=torch.int64, device=device),
-                        torch.tensor([noise.sigma_fp32(g) for _, g in population], dtype=torch.float32,
-                                     device=device), tuple(population))
+    tables = SeedTables(row0, rows, *population_tables(population, device), tuple(population))
     return SortedRows(seed_index, tables), order[:len(index)]
 
 

@@ -11,7 +11,7 @@ from transformers import PreTrainedModel
 
 from workflow_src.engine.decoder import SlotDecoder
 from workflow_src.engine.seeded_weights import SeededLean, SeededWeights, SortedRows
-from workflow_src.kernels.seeded_linear import SeedRows, SeedTables, group_tables
+from workflow_src.kernels.seeded_linear import SeedRows, SeedTables, group_tables, population_tables
 from workflow_src.model.lean_qwen2 import LeanQwen2
 from workflow_src.noise import speedproof as noise
 
@@ -80,10 +80,8 @@ class PopulationDecoder(SlotDecoder):
             # the seeds' row0 and rows [n] (row_tables)
             self._row_tables = torch.zeros(3 * slots + 2 * n, dtype=torch.int32, device=device)
             self._order, self._inverse, seed_index, row0, rows = self._row_tables.split([slots, slots, slots, n, n])
-            tables = SeedTables(row0, rows, torch.tensor([s for s, _ in self.seeds], dtype=torch.int64, device=device),
-                                torch.tensor([noise.sigma_fp32(g) for _, g in self.seeds], dtype=torch.float32,
-                                             device=device),
-                                tuple((int(s), float(g)) for s, g in self.seeds))
+            population = tuple((int(s), float(g)) for s, g in self.seeds)
+            tables = SeedTables(row0, rows, *population_tables(population, device), population)
             self._sorted = SortedRows(seed_index, tables)
             self._loaded: tuple | None = None  # (rows, their slots' seeds) the buffers hold
 

@@ -49,42 +49,34 @@ from workflow_src.kernels.seeded_linear import (
     SeedRows,
     SeedTables,
     perturbed,
+    population_tables,
     seeded_linear,
 )
 from workflow_src.kernels.swiglu import silu_mul
 from workflow_src.model.lean_qwen2 import LeanQwen2
 from workflow_src.noise import schemes
-from workflow_src.noise import speedproof as noise
 
 # Elements of an embedding's gathered rows formed at once (their int64 indices and hash temporaries: tens of MB).
 EMBEDDING_CHUNK = 1 << 20
 
 
-def population_of(groups: list[SeedRows]) -> tuple[tuple[int, float], ...]:
-    """The groups' distinct (seed, σ), sorted: the rows of a table of one entry per seed (a norm's scales, the
-    embedding's seeds), the same for every order of the same seeds over the rows."""
-    return tuple(sorted({(g.seed, float(g.sigma)) for g in groups}))
+def population_rows(groups: list[SeedRows], device: torch.device) -> tuple:
+    """Host groups as a table of one entry per seed (a norm's scales, the embedding's seeds): (the groups' distinct
+    (seed, σ), sorted, the same for every order of the same seeds over the rows; each row's entry, int32 [rows];
+    the entries' seeds and σ on the device). Made once for each arrangement, as group_tables is: a step's embedding
+    and norms, and every step while no slot changes seed, read the same."""
+    # σ by its exact bits in the key (−0.0 == 0.0 as floats)
+    return _population_rows(tuple((g.rows, g.seed, float(g.sigma).hex()) for g in groups), device)
 
 
 @functools.lru_cache(maxsize=64)
-def _row_index(runs: tuple[tuple[int, int], ...], device: torch.device) -> torch.Tensor:
-    """int32 [rows]: each row's entry in its population's tables, from (rows, entry) runs; made once for each
-    arrangement (a step's ops, and every step while no slot changes seed, read the same), as group_tables is."""
-    return torch.tensor([entry for rows, entry in runs for _ in range(rows)], dtype=torch.int32, device=device)
-
-
-@functools.lru_cache(maxsize=64)
-def _population_tables(population: tuple[tuple[int, float], ...], device: torch.device):
-    """(seeds int64, σ fp32) of a population on the device, made once."""
-    return (torch.tensor([seed for seed, _ in population], dtype=torch.int64, device=device),
-            torch.tensor([noise.sigma_fp32(sigma) for _, sigma in population], dtype=torch.float32, device=device))
-
-
-def row_index(groups: list[SeedRows], population: tuple[tuple[int, float], ...],
-              device: torch.device) -> torch.Tensor:
-    """Each of the groups' rows' entry in `population` (population_of's), on the device."""
-    entry = {p: i for i, p in enumerate(population)}
-    return _row_index(tuple((g.rows, entry[(g.seed, float(g.sigma))]) for g in groups), device)
+def _population_rows(runs: tuple[tuple[int, int, str], ...], device: torch.device) -> tuple:
+    distinct = sorted({(seed, sigma) for _, seed, sigma in runs})
+    entry = {p: i for i, p in enumerate(distinct)}
+    population = tuple((seed, float.fromhex(sigma)) for seed, sigma in distinct)
+    index = torch.tensor([entry[(seed, sigma)] for rows, seed, sigma in runs for _ in range(rows)],
+                         dtype=torch.int32, device=device)
+    return (population, index, *population_tables(population, device))
 
 
 @dataclass(frozen=True)
@@ -179,38 +171,21 @@ class SeededWeights:
     def embedding(self, ids: torch.Tensor, weight: torch.Tensor,
                   groups: list[SeedRows] | SortedRows) -> torch.Tensor:
         """F.embedding of ids [B, q] with each group's seed's table rows (only the rows gathered are formed)."""
-        rows = F.embedding(ids, weight)
         offset = self.offset(weight)
         if offset is None:
-            return rows
-        width = weight.shape[1]
-        if self.backend == "triton" and self.scheme == "speedproof-v2" and weight.dtype in EMBEDDING_DTYPES:
-            if isinstance(groups, SortedRows):
-                at, seeds, sigmas = groups.seed_index, groups.tables.seeds, groups.tables.sigmas
-            else:
-                population = population_of(groups)
-                at = row_index(groups, population, ids.device)
-                seeds, sigmas = _population_tables(population, ids.device)
+            return F.embedding(ids, weight)
+        if isinstance(groups, SortedRows):
+            at, seeds, sigmas = groups.seed_index, groups.tables.seeds, groups.tables.sigmas
+        else:
+            _, at, seeds, sigmas = population_rows(groups, ids.device)
+        if self.backend == "triton" and weight.dtype in EMBEDDING_DTYPES:  # the triton backend forms speedproof-v2
             return seeded_rows(ids, weight, at, seeds, sigmas, offset)
-        if isinstance(groups, SortedRows):  # a decode step's one position a row: no chunks
-            tables = groups.tables
-            return seeded_rows_reference(ids, weight, groups.seed_index, tables.seeds, tables.sigmas, offset,
-                                         self._signs_at)
-        columns = torch.arange(width, device=ids.device)
         # A prefill gathers prompts × positions rows; their int64 indices and hash temporaries at once would be
-        # several bytes ×8 of the rows (GBs at the 7B shape): the rows are formed a bounded number at a time.
-        step = max(1, EMBEDDING_CHUNK // width)
-        formed = torch.empty_like(rows)
-        for g in groups:
-            tokens = ids[g.row0:g.row0 + g.rows].reshape(-1)
-            base = rows[g.row0:g.row0 + g.rows].view(-1, width)
-            into = formed[g.row0:g.row0 + g.rows].view(-1, width)
-            sigma = noise.sigma_fp32(g.sigma)
-            for at in range(0, tokens.numel(), step):
-                index = offset + tokens[at:at + step, None] * width + columns
-                v = base[at:at + step].to(torch.float32) + self._signs_at(g.seed, index).to(torch.float32) * sigma
-                into[at:at + step] = noise.round_fp32_to(v, weight.dtype)
-        return formed
+        # several bytes ×8 of the rows (GBs at the 7B shape): the prompts are formed a few at a time (one at least).
+        b, q = ids.shape
+        step = max(1, EMBEDDING_CHUNK // (weight.shape[1] * q))
+        return torch.cat([seeded_rows_reference(ids[r:r + step], weight, at[r:r + step], seeds, sigmas, offset,
+                                                self._signs_at) for r in range(0, b, step)])
 
     def vector(self, weight: torch.Tensor, groups: list[SeedRows] | SortedRows, like: torch.Tensor,
                formed: dict | None = None) -> torch.Tensor | RowScales:
@@ -225,8 +200,7 @@ class SeededWeights:
         if isinstance(groups, SortedRows):
             population, index = groups.tables.population, groups.seed_index
         else:
-            population = population_of(groups)
-            index = row_index(groups, population, like.device)
+            population, index, _, _ = population_rows(groups, like.device)
         key = (weight.data_ptr(), population)
         if key not in formed:
             formed[key] = torch.stack([perturbed(weight, seed, sigma, offset, self.scheme)

@@ -26,6 +26,7 @@ Two backends with the same perturbed weights:
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -529,6 +530,12 @@ def _kernels(interpret: bool):
                        do_not_specialize=("w_offset", "b_offset", "M_TILES", "words_stride", "M_ROWS", "count"))
 
 
+def population_tables(population: Sequence[tuple[int, float]], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """A population's seeds (int64) and σ (fp32, each rounded once) on the device: the kernel's seed and σ tables."""
+    return (torch.tensor([seed for seed, _ in population], dtype=torch.int64, device=device),
+            torch.tensor([noise.sigma_fp32(sigma) for _, sigma in population], dtype=torch.float32, device=device))
+
+
 @functools.lru_cache(maxsize=64)
 def _group_tables(groups: tuple[tuple[int, int, int, str], ...], device: torch.device) -> tuple[torch.Tensor, ...]:
     """The launch's per-group tables (row0, rows, seed, σ as float.hex) on the device, made once for each set of
@@ -537,8 +544,7 @@ def _group_tables(groups: tuple[tuple[int, int, int, str], ...], device: torch.d
     only reads them."""
     return (torch.tensor([g[0] for g in groups], dtype=torch.int32, device=device),
             torch.tensor([g[1] for g in groups], dtype=torch.int32, device=device),
-            torch.tensor([g[2] for g in groups], dtype=torch.int64, device=device),
-            torch.tensor([noise.sigma_fp32(float.fromhex(g[3])) for g in groups], dtype=torch.float32, device=device))
+            *population_tables([(g[2], float.fromhex(g[3])) for g in groups], device))
 
 
 def group_tables(groups: list[SeedRows], device: torch.device) -> tuple[torch.Tensor, ...]:

@@ -384,7 +384,7 @@ def launch(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, la
     grid = (len(tables[0]) * m_tiles, triton.cdiv(N, launch.block_n), out.shape[0] if split else 1)
     kernel()[grid](x_desc, w_desc, weight.view(torch.int32), bias if bias is not None else x, out, *tables, N, K, M,
                    part_k, weight_offset or 0, bias_offset or 0, m_tiles, SPLIT=split, LDG=launch.ldg,
-                   EVEN=N % launch.block_n == 0 and K % launch.block_k == 0,
+                   EVEN=launch.ldg and N % launch.block_n == 0 and K % launch.block_k == 0,  # read by /ldg alone
                    PERTURB_W=weight_offset is not None,
                    HAS_BIAS=bias is not None, PERTURB_B=bias is not None and bias_offset is not None, SWAP=launch.swap,
                    STAGES=launch.num_stages, num_warps=launch.num_warps, **partition_constexprs(launch))
@@ -405,7 +405,7 @@ def compile_offline(launch, perturb: bool, k: int, arch: int = 90, bias: bool = 
     signature.update({"w_pairs_ptr": "*i32", "b_ptr": "*bf16", "y_ptr": "*fp32" if split else "*bf16", "row0_ptr": "*i32",
                       "rows_ptr": "*i32", "seed_ptr": "*i64", "sigma_ptr": "*fp32", "N": "i32", "K": "i32",
                       "M_ROWS": "i32", "PART_K": "i32", "w_offset": "i64", "b_offset": "i64", "M_TILES": "i32"})
-    constexprs = {"SPLIT": split, "LDG": launch.ldg, "EVEN": k % launch.block_k == 0, "PERTURB_W": perturb, "HAS_BIAS": bias, "PERTURB_B": bias and perturb,
+    constexprs = {"SPLIT": split, "LDG": launch.ldg, "EVEN": launch.ldg and k % launch.block_k == 0, "PERTURB_W": perturb, "HAS_BIAS": bias, "PERTURB_B": bias and perturb,
                   "SWAP": launch.swap, "STAGES": launch.num_stages, **partition_constexprs(launch)}
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     names = fn.arg_names
