@@ -293,7 +293,11 @@ def test_engine_bench_cli_records_both_engines_and_a_population(tmp_path):
         assert prof["seeds_per_step"] == per_step and prof["prompts"] == 4
         assert prof["what"].startswith("decode steps only") and prof["decode_steps"] == 3  # tests/test_engine_phases.py
         assert prof["top"] and all(r["ms"] > 0 and r["calls"] >= 1 for r in prof["top"])
-        assert any("linear" in r["op"] or "mm" in r["op"] for r in prof["top"])  # the GEMMs are in there
+    # what leads each table on the CPU: one seed's GEMMs; with two seeds, the reference forming's integer hashing
+    # (the GEMMs then rank near the 25 rows' end, where the host's load can move them out)
+    single, pair = ({r["op"] for r in prof["top"][:5]} for prof in doc["profile"].values())
+    assert single & {"aten::mm", "aten::addmm"}, single
+    assert pair & {"aten::bitwise_and", "aten::bitwise_xor", "aten::__rshift__"}, pair
     assert set(doc["prefill_profile"]) == set(doc["profile"])
     for per_step, prof in zip((1, 2), doc["prefill_profile"].values()):
         assert prof["what"].startswith("prefills only") and (prof["prefills"], prof["prompts"]) == (per_step, 4)
