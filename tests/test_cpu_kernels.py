@@ -81,6 +81,48 @@ def test_checkpoint_bytes_do_not_follow_the_knobs(tmp_path):
     assert own["files"]["model.safetensors"]["sha256"] != doc["files"]["model.safetensors"]["sha256"]
 
 
+# The family with MKL's branch alone changed: the family's knobs set by hand under the `machine` family, so the
+# branch is not overridden. torch sends some float ops (sqrt, exp, log, tanh, erf, ...) on contiguous tensors to
+# MKL's vector maths, whose roundings follow the branch: an op of a job that reached it would follow it too.
+MKL_BRANCHES = ("COMPATIBLE", "AUTO", "AVX2")
+
+
+def family_with_mkl_branch(branch: str) -> dict[str, str]:
+    return {cpu_kernels.VARIABLE: "machine", **cpu_kernels.FAMILIES["x86-avx2"], "MKL_CBWR": branch}
+
+
+@needs_avx2
+def test_mkl_vector_maths_follow_the_branch_so_a_job_must_not_reach_them():
+    """The check below can fail: torch.sqrt on a float tensor gives other bits under MKL's branches here."""
+    import subprocess
+    code = ("import hashlib, torch; g = torch.Generator().manual_seed(0); "
+            "x = torch.rand(1 << 16, generator=g) * 1e-4; print(hashlib.sha256(x.sqrt().numpy().tobytes()).hexdigest())")
+    digests = {subprocess.run([sys.executable, "-c", code], env=child_env(family_with_mkl_branch(b)),
+                              capture_output=True, text=True, timeout=300, check=True).stdout for b in MKL_BRANCHES}
+    assert len(digests) > 1
+
+
+@needs_avx2
+def test_the_pretraining_does_not_follow_mkls_branch(tmp_path):
+    """The checkpoint's weights under each of MKL's branches, every other knob the family's: the same bytes (its
+    products take the portable path, its optimizer step ATen's own kernels, so nothing reaches MKL), and the
+    probe's ops other than the BLAS path's (linear and sdpa_causal, which the default does not take) alike."""
+    spec = write_section(tmp_path / "s.json", "checkpoint.synthetic", SPEC)
+    task = write_section(tmp_path / "t.json", "task.synthetic_arithmetic", TASK)
+    weights = set()
+    for branch in MKL_BRANCHES:
+        out = tmp_path / branch / "tiny"
+        env = {k: v for k, v in child_env(family_with_mkl_branch(branch)).items() if k != "PYTHONPATH"}
+        run_module("workflow_src.checkpoints", "--name", "tiny", "--source", "synthetic", "--source-section",
+                   str(spec), "--task-section", str(task), "--out", str(out), "--no-progress", env=env)
+        weights.add(json.loads((out / "MANIFEST.json").read_text())["files"]["model.safetensors"]["sha256"])
+    assert len(weights) == 1
+    ops = [record_in(family_with_mkl_branch(b))["probe_ops"] for b in MKL_BRANCHES]
+    blas = ("linear", "sdpa_causal")
+    assert all({k: v for k, v in o.items() if k not in blas} == {k: v for k, v in ops[0].items() if k not in blas}
+               for o in ops), ops
+
+
 def test_apply_overrides_inherited_knobs_and_names_the_family():
     env = {"ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "AUTO", "HOME": "/root"}
     assert cpu_kernels.apply(env) == cpu_kernels.default_family()

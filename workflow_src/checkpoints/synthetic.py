@@ -159,9 +159,12 @@ def _optimizer(model: torch.nn.Module, pre: dict[str, Any]) -> torch.optim.AdamW
     # Norm gains and biases are not decayed: shrinking them toward 0 only fights the normalisation.
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
+    # fused: the step in ATen's own vectorised kernel, whose square root is the instruction's (exact). The unfused
+    # step's `sqrt` goes to MKL's vector maths on the CPU, whose roundings follow MKL's branch and the CPU's vendor
+    # (docs/design.md §3); its other ops are ATen's, so both give the same bits where MKL's root is exact.
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": pre["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=pre["learning_rate"],
+        lr=pre["learning_rate"], fused=True,
     )
 
 

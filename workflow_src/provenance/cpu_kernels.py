@@ -172,7 +172,7 @@ def _step_ops(g) -> dict[str, Any]:
               torch.nn.Parameter(torch.randn(d, generator=g))]
     for p in params:
         p.grad = torch.randn(p.shape, generator=g)
-    opt = torch.optim.AdamW(params, lr=2e-3, weight_decay=0.1)
+    opt = torch.optim.AdamW(params, lr=2e-3, weight_decay=0.1, fused=True)  # the pretraining's step (synthetic.py)
     opt.step()
     out["adamw"] = [p.detach() for p in params] + [opt.state[p][k] for p in params for k in ("exp_avg", "exp_avg_sq")]
     return out
