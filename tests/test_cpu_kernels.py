@@ -92,21 +92,19 @@ def family_with_mkl_branch(branch: str) -> dict[str, str]:
 
 
 @needs_avx2
-def test_mkl_vector_maths_follow_the_branch_so_a_job_must_not_reach_them():
-    """The check below can fail: torch.sqrt on a float tensor gives other bits under MKL's branches here."""
-    import subprocess
-    code = ("import hashlib, torch; g = torch.Generator().manual_seed(0); "
-            "x = torch.rand(1 << 16, generator=g) * 1e-4; print(hashlib.sha256(x.sqrt().numpy().tobytes()).hexdigest())")
-    digests = {subprocess.run([sys.executable, "-c", code], env=child_env(family_with_mkl_branch(b)),
-                              capture_output=True, text=True, timeout=300, check=True).stdout for b in MKL_BRANCHES}
-    assert len(digests) > 1
-
-
-@needs_avx2
 def test_the_pretraining_does_not_follow_mkls_branch(tmp_path):
     """The checkpoint's weights under each of MKL's branches, every other knob the family's: the same bytes (its
     products take the portable path, its optimizer step ATen's own kernels, so nothing reaches MKL), and the
-    probe's ops other than the BLAS path's (linear and sdpa_causal, which the default does not take) alike."""
+    probe's ops other than the BLAS path's (linear and sdpa_causal, which the default does not take) alike. The
+    control: torch.sqrt on a float tensor, which goes to MKL's vector maths, gives other bits under those branches
+    (on an Intel Xeon; where a CPU's branches give it one set of bits, nothing here could fail, and it skips)."""
+    import subprocess
+    code = ("import hashlib, torch; g = torch.Generator().manual_seed(0); x = torch.rand(1 << 16, generator=g); "
+            "print(hashlib.sha256(x.mul(1e-4).sqrt().numpy().tobytes()).hexdigest())")
+    roots = {subprocess.run([sys.executable, "-c", code], env=child_env(family_with_mkl_branch(b)),
+                            capture_output=True, text=True, timeout=300, check=True).stdout for b in MKL_BRANCHES}
+    if len(roots) == 1:
+        pytest.skip(f"MKL's branches {MKL_BRANCHES} give torch.sqrt one set of bits on this CPU: the check cannot fail")
     spec = write_section(tmp_path / "s.json", "checkpoint.synthetic", SPEC)
     task = write_section(tmp_path / "t.json", "task.synthetic_arithmetic", TASK)
     weights = set()
