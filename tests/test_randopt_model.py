@@ -426,6 +426,45 @@ def test_sharded_population_equals_one_job(checkpoint, tmp_path):
     pd.testing.assert_frame_equal(one.drop(columns=timing), three.drop(columns=timing), check_exact=True)
 
 
+# The float ops torch sends to MKL's vector maths on the CPU, whose roundings follow MKL's branch and the CPU's vendor
+# (docs/design.md §3; tests/test_cpu_kernels.py). cos and sin are left out: ATen computes them itself (one set of
+# bits under every branch), for the rotary tables.
+MKL_VECTOR_MATHS = {"sqrt", "exp", "log", "log2", "log10", "tanh", "erf", "erfc", "erfinv", "tan", "acos", "asin",
+                    "atan"}
+
+
+def test_a_population_shard_reaches_no_mkl_vector_maths(checkpoint, tmp_path):
+    """RandOpt's population job on the CPU, op by op: no float op of MKL's vector maths, so its answers are the same
+    bits on every machine of the kernel family; the watcher sees one where one runs (the control)."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from workflow_src.randopt.population import main
+
+    class Watch(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__.split(".")[0].rstrip("_")
+            if name in MKL_VECTOR_MATHS and any(isinstance(a, torch.Tensor) and a.is_floating_point() for a in args):
+                self.seen[name] += 1
+            return func(*args, **(kwargs or {}))
+
+    r = write_section(tmp_path / "randopt.json", "randopt", RANDOPT)
+    t = write_section(tmp_path / "task.json", "task.synthetic_arithmetic", TASK)
+    with Watch() as watch:
+        main(["--shard", "0", "--shards", "2", "--checkpoint", str(checkpoint), "--randopt-section", str(r),
+              "--task-section", str(t), "--no-progress", "--out", str(tmp_path / "shard.parquet")])
+    assert len(pd.read_parquet(tmp_path / "shard.parquet")) == RANDOPT["population"] // 2
+    assert not watch.seen, dict(watch.seen)
+    with Watch() as control:
+        torch.rand(8).sqrt()
+    assert control.seen == {"sqrt": 1}
+
+
 def test_static_engine_population_agrees_with_hf(checkpoint, tmp_path):
     """The same population through both engines: every seed's train answers graded alike (greedy on the CPU)."""
     t = write_section(tmp_path / "task.json", "task.synthetic_arithmetic", TASK)
