@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from workflow_src.bench import offline_compile
-from workflow_src.bench.seeded_linear_compile import forming_cost
+from workflow_src.bench.seeded_linear_compile import forming_cost, structure
 from workflow_src.kernels.seeded_linear import (
     SeededLaunch,
     SeedRows,
@@ -38,6 +38,10 @@ LAUNCHES += SPLIT_LAUNCHES
 LDG_LAUNCHES = [SeededLaunch.parse(v) for v in ("128/128/64/8/4/swap/tma/gluon/ldg", "128/128/64/8/4/swap/tma/gluon/ldg/f8",
                                                 "128/128/64/4/3/tma/gluon/ldg", "128/128/64/8/4/swap/tma/gluon/ldg/f8/k8")]
 LAUNCHES += LDG_LAUNCHES
+# /areg: the wgmma warps form the tile in their A fragments' registers (8 and 4 warps, split or not)
+AREG_LAUNCHES = [SeededLaunch.parse(v) for v in ("128/128/64/8/4/swap/tma/gluon/areg", "64/128/64/4/4/swap/tma/gluon/areg",
+                                                 "128/128/64/8/4/swap/tma/gluon/areg/k8")]
+LAUNCHES += AREG_LAUNCHES
 # compiled on the CPU (a few seconds each): one launch of each feature, and each pair that shares a code path
 COMPILED = [SeededLaunch.parse(v) for v in ("128/128/64/4/3/swap/tma/gluon", "128/128/64/4/3/tma/gluon",
                                             "128/128/64/8/4/swap/tma/gluon", "64/128/64/4/4/swap/tma/gluon",
@@ -46,6 +50,7 @@ COMPILED = [SeededLaunch.parse(v) for v in ("128/128/64/4/3/swap/tma/gluon", "12
                                             "128/128/64/8/4/swap/tma/gluon/ldg/f8/k8")]
 SMALL = SeededLaunch.parse("64/64/64/4/2/swap/tma/gluon")  # tiles that a K of 64 and 48 columns leave partial
 SMALL_LDG = dataclasses.replace(SMALL, ldg=True)  # … read with masks, past the weight's rows and K
+SMALL_AREG = dataclasses.replace(SMALL, areg=True)
 
 
 @pytest.mark.skipif(not offline_compile.available(), reason="needs Triton's bundled ptxas and cuobjdump")
@@ -114,6 +119,36 @@ def test_the_forming_takes_few_instructions_a_weight(launch):
     assert "PRMT" not in loop and "F2FP.BF16.F32.PACK_AB" in loop
 
 
+@pytest.mark.skipif(not offline_compile.available(), reason="needs Triton's bundled ptxas and cuobjdump")
+@pytest.mark.parametrize("launch", AREG_LAUNCHES, ids=str)
+def test_an_areg_launch_forms_in_the_wgmma_warps_registers_with_its_wgmmas_pipelined(launch):
+    """/areg, compiled for sm_90a here: two partitions (the loader down to 24 registers), the wgmma's A operand
+    in registers (ttgir's dot operand 0), no spills; its one K loop loads the base pairs from global memory, forms
+    them (the fp32 adds, the sign's LOP3) and issues the wgmmas, and moves nothing through shared memory (no
+    STS, LDS or LDSM: the formed pairs sit in the A fragments as they are); and ptxas keeps the wgmmas
+    pipelined: one wait a K step (the wgmma left in flight), where a definition of a wgmma's input while another
+    is in flight makes it wait after each of them (its C7513, seen with a two-steps-a-pass loop and with a tile
+    moved into the A layout through shared memory). Without forming, the launch is the three-partition kernel."""
+    compiled = compile_offline(launch, True, k=3584)
+    assert "ttg.warp_specialize" in compiled.asm["ttgir"]
+    assert structure(compiled, True)["formed_operand"] == "registers"
+    assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{LOAD_REGS};", compiled.asm["ptx"])
+    assert offline_compile.resources(compiled)["stack_bytes"] == 0
+    sass = offline_compile.cuobjdump(compiled.asm["cubin"], "-sass")
+    assert not re.search(r"\b(LDL|STL)\b", sass)
+    (loop,) = [body for body in offline_compile.loops(sass) if "HGMMA" in body]
+    assert "LDG.E" in loop and "FADD" in loop and "0x80000000" in loop
+    assert not re.search(r"\b(STS|LDS|LDSM)\b", loop)
+    # a warp's 16 rows an instruction: a 4-warp launch's 128-row tile takes two wgmmas of each 16-wide K slice
+    wgmmas = launch.block_n // (16 * launch.num_warps) * launch.block_k // 16
+    assert loop.count("HGMMA") == wgmmas and loop.count("WARPGROUP.DEPBAR") == 1, loop
+    # four hashes a thread a K step, a pair's signs by a shift each: about 9 a weight with the wgmma's issue
+    assert forming_cost(launch, None, compiled)["per_element"] < 9.5
+    plain = compile_offline(launch, False, k=3584)
+    assert structure(plain, False)["warp_specialized"]
+    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{FORM_REGS[4]};", plain.asm["ptx"])
+
+
 def test_gluon_launches_are_refused_where_they_do_not_apply():
     for bad, why in (("128/128/64/4/3/swap/gluon", "takes /tma"), ("128/128/64/2/3/swap/tma/gluon", "multiple of 4"),
                      ("128/128/64/4/3/swap/tma/ws/gluon", "drop those"),
@@ -131,12 +166,21 @@ def test_gluon_launches_are_refused_where_they_do_not_apply():
             SeededLaunch.parse(bad)
     for bad in ("128/128/64/4/3/swap/tma/f8/gluon", "128/128/64/8/4/swap/tma/gluon/k4/f8",
                 "128/128/64/8/4/swap/tma/gluon/f8/ldg"):
-        with pytest.raises(ValueError, match=r"\[/gluon\]\[/ldg\]\[/fN\]\[/kN\]"):
+        with pytest.raises(ValueError, match=r"\[/gluon\]\[/ldg\]\[/areg\]\[/fN\]\[/kN\]"):
             SeededLaunch.parse(bad)
     with pytest.raises(ValueError, match="add /gluon or drop /ldg"):
         SeededLaunch.parse("128/128/64/4/3/swap/tma/ldg")
     for v in ("128/128/64/8/4/swap/tma/gluon/ldg", "128/128/64/8/4/swap/tma/gluon/ldg/f8/k8"):
         assert str(SeededLaunch.parse(v)) == v and SeededLaunch.parse(v).ldg
+    # /areg: the Gluon kernel's, the formed tile the left operand, no forming warps to load or count
+    for bad in ("128/128/64/8/4/swap/tma/areg", "128/128/64/8/4/tma/gluon/areg", "128/128/64/8/4/swap/tma/gluon/ldg/areg",
+                "128/128/64/8/4/swap/tma/gluon/areg/f8"):
+        with pytest.raises(ValueError, match="add /gluon and /swap, drop /ldg and /fN"):
+            SeededLaunch.parse(bad)
+    with pytest.raises(ValueError, match="a word a thread at least"):
+        SeededLaunch.parse("64/64/32/8/4/swap/tma/gluon/areg")
+    for v in AREG_LAUNCHES:
+        assert str(SeededLaunch.parse(str(v))) == str(v) and v.areg and not v.ldg
     with pytest.raises(ValueError, match="/gluon"):
         SeededLaunch.parse("128/128/64/4/3/gluon/tma")  # the flags' order is FLAGS'
     assert str(SeededLaunch.parse("128/128/64/4/3/swap/tma/gluon")) == "128/128/64/4/3/swap/tma/gluon"
@@ -159,7 +203,7 @@ def test_gluon_launches_are_refused_where_they_do_not_apply():
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("launch", LAUNCHES + [SMALL, SMALL_LDG], ids=str)
+@pytest.mark.parametrize("launch", LAUNCHES + [SMALL, SMALL_LDG, SMALL_AREG], ids=str)
 def test_the_gluon_kernel_forms_the_reconstruct_kernels_weights(launch):
     """Through the identity, bit for bit, as tests/test_seeded_linear.py reads back the Triton kernel's: K of
     whole words over one and several K steps, a column count that leaves a partial tile, a perturbed bias (in
@@ -192,7 +236,7 @@ def test_the_gluon_kernel_refuses_what_it_does_not_form():
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("launch", LAUNCHES + [SMALL, SMALL_LDG], ids=str)
+@pytest.mark.parametrize("launch", LAUNCHES + [SMALL, SMALL_LDG, SMALL_AREG], ids=str)
 def test_each_seeds_rows_are_its_own_linear_layer_under_gluon(launch):
     """Each seed's rows, uneven groups (a row tile shared by two seeds, partial row and column tiles) with a
     perturbed bias, against F.linear on that seed's formed weights and bias: equal up to bf16 rounding of sums

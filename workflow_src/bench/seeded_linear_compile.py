@@ -95,12 +95,17 @@ def forming_cost(launch: sl.SeededLaunch, plain, formed) -> dict:
     body alone: what is hoisted out of it (shift amounts, each row's first word) runs once a program, not once
     a K step. A /gluon launch forms in a partition of its own: its forming warps' K loop (the one loop that
     stores to shared memory), whole, over the weights each of them forms per K step; the wgmma warps add
-    nothing; a /ldg launch's loop body forms two K steps (its two sets of registers)."""
+    nothing; a /ldg launch's loop body forms two K steps (its two sets of registers). A /areg launch forms in the
+    wgmma's warps: their K loop, whole (its wgmma issue and waits too), over the weights each forms per K step."""
     if launch.gluon:
         sass = offline_compile.cuobjdump(formed.asm["cubin"], "-sass")
-        (loop,) = [body for body in offline_compile.loops(sass) if re.search(r"\bSTS\b", body)]
-        steps = 2 if launch.ldg else 1
-        counts = sass_count.count(loop, steps * launch.block_n * launch.block_k // (32 * launch.form_warps))
+        if launch.areg:
+            (loop,) = [body for body in offline_compile.loops(sass) if "HGMMA" in body]
+            weights = launch.block_n * launch.block_k // (32 * launch.num_warps)
+        else:
+            (loop,) = [body for body in offline_compile.loops(sass) if re.search(r"\bSTS\b", body)]
+            weights = (2 if launch.ldg else 1) * launch.block_n * launch.block_k // (32 * launch.form_warps)
+        counts = sass_count.count(loop, weights)
         return {"per_element": counts["per_element"],
                 "by_pipe": {k: v for k, v in counts["by_pipe"].items() if abs(v) >= 0.05}}
     per_thread = launch.block_n * launch.block_k / (32 * launch.num_warps)

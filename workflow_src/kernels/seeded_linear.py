@@ -67,7 +67,7 @@ TRITON_SCHEMES = ("speedproof-v2",)
 WORD = 32  # elements per speedproof-v2 hash
 # Word indices of a tensor below this element index fit 32 bits: its hashes take 32-bit keys (_murmur3_word).
 WORD32_END = 2 ** 32 * WORD
-FLAGS = ("swap", "tma", "words", "ws", "gluon", "ldg")  # a launch's optional flags, in the order its string names them
+FLAGS = ("swap", "tma", "words", "ws", "gluon", "ldg", "areg")  # a launch's optional flags, in the order its string names them
 # The Gluon kernel's forming warps (/fN): 4, one a scheduler, spreads the forming's ALU work over the SM's four
 # issue ports; 8 gives each scheduler two forming warps to switch between while one waits on shared memory.
 FORM_WARPS = (4, 8)
@@ -110,7 +110,11 @@ class SeededLaunch:
     the forming warps load the base tile from global memory into their registers, two K steps ahead, instead of
     reading the loader's copy of it in shared memory: per K step a CTA's shared memory then carries the rows' tile
     in, the formed tile out and both into the wgmma (64 KB at 128/128/64 tiles, as a launch with nothing perturbed),
-    where the copy of the base tile adds its write and read (96 KB); the same weights and sums.
+    where the copy of the base tile adds its write and read (96 KB); the same weights and sums. `areg` (after
+    /gluon, with /swap; no /ldg or /fN): no forming warps; the launch's wgmma warps load the base tile from global
+    memory and form it in registers laid out as the wgmma's A operand, which takes it from there, so only the
+    rows' tile passes through shared memory; a thread forms the pairs of its A fragment (two rows, both words of
+    each), hashing four words where a forming warp's thread hashes one; the same weights and sums.
     `form_warps` (`/fN` after /gluon, N of FORM_WARPS; 4 unless named, and then not written): the Gluon kernel's
     forming warps, a thread forming whole words of one row, the warps over rows (32 a warp) and then over a row's
     words (`form_split`), so a tile must hold a word for every forming thread: block_n at least 32 and
@@ -127,6 +131,7 @@ class SeededLaunch:
     ws: bool = False
     gluon: bool = False
     ldg: bool = False
+    areg: bool = False
     split_k: int = 1
     form_warps: int = 4
 
@@ -148,6 +153,13 @@ class SeededLaunch:
         if self.ldg and not self.gluon:
             raise ValueError(f"seeded linear: launch {self} loads the base tile into the forming warps (/ldg), which "
                              "only the Gluon kernel has: add /gluon or drop /ldg")
+        if self.areg and (not self.gluon or not self.swap or self.ldg or self.form_warps != 4):
+            raise ValueError(f"seeded linear: launch {self} forms the weight tile in the wgmma's warps as its A "
+                             "operand (/areg), which is the Gluon kernel's with /swap, and has no forming warps of its "
+                             "own to load (/ldg) or count (/fN): add /gluon and /swap, drop /ldg and /fN")
+        if self.areg and self.block_n * self.block_k // WORD < 32 * self.num_warps:
+            raise ValueError(f"seeded linear: launch {self} forms its {self.block_n}×{self.block_k} weight tile in its "
+                             f"{self.num_warps} warps (/areg), a word a thread at least: widen block_n or block_k")
         if self.form_warps != 4 and not self.gluon:
             raise ValueError(f"seeded linear: launch {self} names forming warps (/f{self.form_warps}), which only the "
                              f"Gluon kernel has: add /gluon or drop /f{self.form_warps}")
@@ -171,7 +183,7 @@ class SeededLaunch:
 
     @classmethod
     def parse(cls, value: str) -> "SeededLaunch":
-        """`block_m/block_n/block_k/num_warps/num_stages[/swap][/tma][/words][/ws][/gluon][/ldg][/fN][/kN]`, e.g.
+        """`block_m/block_n/block_k/num_warps/num_stages[/swap][/tma][/words][/ws][/gluon][/ldg][/areg][/fN][/kN]`, e.g.
         64/128/64/8/3, 128/128/64/4/4/swap/tma/k4, 128/128/64/4/3/swap/tma/gluon or
         128/128/64/8/4/swap/tma/gluon/f8/k8."""
         parts = value.split("/")
@@ -181,7 +193,7 @@ class SeededLaunch:
         if (len(parts) < 5 or not all(p.isdigit() for p in parts[:5]) or len(set(flags)) != len(flags)
                 or flags != [f for f in FLAGS if f in flags]):
             raise ValueError(f"seeded linear launch {value!r}: expected block_m/block_n/block_k/num_warps/"
-                             "num_stages[/swap][/tma][/words][/ws][/gluon][/ldg][/fN][/kN], e.g. 64/128/64/8/3, "
+                             "num_stages[/swap][/tma][/words][/ws][/gluon][/ldg][/areg][/fN][/kN], e.g. 64/128/64/8/3, "
                              "128/128/64/4/4/swap/tma/k4 or 128/128/64/8/4/swap/tma/gluon/f8/k8")
         return cls(*map(int, parts[:5]), **{f: f in flags for f in FLAGS}, split_k=int(split[1:]),
                    form_warps=int(form[1:]))

@@ -17,6 +17,10 @@ steps:
   flight while the forming warps form the next, then the epilogue (the bias, perturbed as the Triton kernel's,
   and the rounded store of this seed's rows).
 
+A /areg launch runs two partitions: the loader, bringing the rows' tiles alone, and the launch's warps, which
+load each K step's base pairs from global memory into exactly the registers of their wgmma A fragments, form them
+there (the same arithmetic, a pair at a time) and issue the wgmma on them, forming the next step while it runs.
+
 A /kN launch splits K as the Triton kernel's does (seeded_linear.py's `_gluon` takes its parts and their width
 from `split_parts` and `part_width`): each program runs only its part's K steps, from the part's first tile and
 its rows' first hash word of that tile, and stores fp32 partial sums, the bias in part 0 alone, which
@@ -111,6 +115,26 @@ def _ldg_pairs(pairs_at, rows_ok, tile_pairs, k_pairs, i, k_tiles, step: gl.cons
     return pairs.to(gl.uint32, bitcast=True)
 
 
+def _ldg_operands(w_pairs_ptr, n0, N, K, k0, block_n: gl.constexpr, block_k: gl.constexpr, flat: gl.constexpr):
+    """The first K step's base pairs' addresses in the layout `flat` [rows, pairs], which rows lie in the weight,
+    and the pairs' indices in a row."""
+    tile_rows = n0 + gl.arange(0, block_n, layout=gl.SliceLayout(1, flat))
+    tile_pairs = k0 // 2 + gl.arange(0, block_k // 2, layout=gl.SliceLayout(0, flat))
+    pairs_at = w_pairs_ptr + tile_rows.to(gl.int64)[:, None] * (K // 2) + tile_pairs[None, :]
+    return pairs_at, tile_rows < N, tile_pairs
+
+
+def _ldg_first(pairs_at, rows_ok, tile_pairs, K, steps, block_k: gl.constexpr):
+    """The first two K steps' base pairs (_ldg_pairs) and the last step's index a later load clamps to. A program
+    with no K steps (a row tile past its group's rows, a split's part past K) loads nothing: its first tile may
+    lie past the weight."""
+    first = (steps > 0) & rows_ok
+    last = gl.maximum(steps, 1)
+    even = _ldg_pairs(pairs_at, first, tile_pairs, K // 2, 0, last, block_k // 2, False)
+    odd = _ldg_pairs(pairs_at, first, tile_pairs, K // 2, 1, last, block_k // 2, False)
+    return even, odd, last
+
+
 def _form_partition(w_bufs, f_bufs, w_ready, w_free, f_ready, f_free, row_word0, words_per_row, seed, sigma_bits,
                     k_tiles, w_pairs_ptr, n0, N, K, k0, PERTURB_W: gl.constexpr, ROW_WARPS: gl.constexpr,
                     LDG: gl.constexpr, EVEN: gl.constexpr):
@@ -149,17 +173,9 @@ def _form_partition(w_bufs, f_bufs, w_ready, w_free, f_ready, f_free, row_word0,
         # 128/128/64, half again a perturbed step's shared-memory traffic). Two sets of registers, the even K steps'
         # and the odd ones', each refilled with the step after next once formed, so a load has a step's forming to
         # arrive in and the loop body, two steps, moves no register from set to set.
-        tile_rows = n0 + gl.arange(0, block_n, layout=gl.SliceLayout(1, flat))
-        tile_pairs = k0 // 2 + gl.arange(0, block_k // 2, layout=gl.SliceLayout(0, flat))
-        pairs_at = w_pairs_ptr + tile_rows.to(gl.int64)[:, None] * (K // 2) + tile_pairs[None, :]
-        rows_ok = tile_rows < N
         steps = k_tiles * PERTURB_W
-        # a program with no K steps (a row tile past its group's rows, a split's part past K) loads nothing: its
-        # first tile may lie past the weight
-        first = (steps > 0) & rows_ok
-        last = gl.maximum(steps, 1)
-        even = _ldg_pairs(pairs_at, first, tile_pairs, K // 2, 0, last, block_k // 2, False)
-        odd = _ldg_pairs(pairs_at, first, tile_pairs, K // 2, 1, last, block_k // 2, False)
+        pairs_at, rows_ok, tile_pairs = _ldg_operands(w_pairs_ptr, n0, N, K, k0, block_n, block_k, flat)
+        even, odd, last = _ldg_first(pairs_at, rows_ok, tile_pairs, K, steps, block_k)
         s = 0
         phase = 0
         for i in range(0, steps, 2):
@@ -245,9 +261,75 @@ def _mma_partition(x_bufs, f_bufs, x_ready, x_free, f_ready, f_free, k_tiles, ac
     return (acc,)  # warp_specialize hands the default partition's results back as a tuple
 
 
+def _mma_form_partition(x_bufs, x_ready, x_free, k_tiles, w_pairs_ptr, row_word0, words_per_row, seed, sigma_bits,
+                        n0, N, K, k0, acc_layout: gl.constexpr, BLOCK_N: gl.constexpr, EVEN: gl.constexpr):
+    # /areg: the launch's warps load each K step's base pairs from global memory (two steps ahead, as /ldg's
+    # forming warps do), form the seed's tile in registers and hand it to the wgmma as its A operand, so the
+    # formed tile never passes through shared memory: a K step's shared-memory traffic is the rows' tile alone
+    # (its TMA write and the wgmmas' reads), where /ldg adds the formed tile's write and read and /gluon the base
+    # tile's as well. The forming of step i + 1 runs while step i's wgmma does.
+    block_m: gl.constexpr = x_bufs.shape[1]
+    block_k: gl.constexpr = x_bufs.shape[2]
+    # Each thread loads and forms exactly the pairs its A fragment holds: the pairs [rows, block_k / 2] as 32-bit
+    # A operand elements of one per register (k_width 1) sit where the bf16 operand's pairs (k_width 2) do, so
+    # the formed tile enters the wgmma with no move at all. (Formed in another layout, the move goes through
+    # shared memory, and ptxas then serializes the wgmmas: its C7513.) A thread's pairs span 2 rows and both
+    # words of a row in each K step, so it hashes 4 words where a whole-word thread hashes 1.
+    pairs_of: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=1)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, pairs_of))
+    row_words = row_word0 + rows.to(gl.uint32) * words_per_row
+    col = gl.arange(0, block_k // 2, layout=gl.SliceLayout(0, pairs_of)).to(gl.uint32)
+    word_at = col // 16
+    # a pair p's two signs, bits 2p and 2p + 1 of its word's hash, moved to bit 31 by one shift each: a thread's
+    # pairs are not adjacent here, so the forming warps' rotations (one serving two pairs, by amounts a register
+    # knows at compile time) would take three instructions each
+    lo_shift = 31 - 2 * (col % 16)
+    hi_shift = lo_shift - 1
+    pairs_at, rows_ok, tile_pairs = _ldg_operands(w_pairs_ptr, n0, N, K, k0, BLOCK_N, block_k, pairs_of)
+    even, odd, last = _ldg_first(pairs_at, rows_ok, tile_pairs, K, k_tiles, block_k)
+    acc = gl.zeros([BLOCK_N, block_m], gl.float32, acc_layout)
+    # one step a pass, the two sets of base pairs moved along: a pass that ran a wgmma or not (/ldg's two steps
+    # a pass, the second conditional) joins two accumulators, a definition of the next wgmma's input while one is
+    # in flight, and ptxas then serializes them
+    for i in range(k_tiles):
+        acc = _mma_formed_step(even, i, acc, x_bufs, x_ready, x_free, row_words, word_at, lo_shift, hi_shift, seed,
+                               sigma_bits, a_layout)
+        even = odd
+        odd = _ldg_pairs(pairs_at, rows_ok, tile_pairs, K // 2, i + 2, last, block_k // 2, EVEN)
+    acc = warpgroup_mma_wait(0, deps=[acc])
+    return (gl.permute(acc, (1, 0)),)
+
+
+def _mma_formed_step(w, i, acc, x_bufs, x_ready, x_free, row_words, word_at, lo_shift, hi_shift, seed, sigma_bits,
+                     a_layout: gl.constexpr):
+    """K step i of /areg: the tile formed from base pairs `w` (in the A operand's layout) as the wgmma's A operand
+    against the rows' tile, one wgmma left in flight; the previous step's done, its rows' slot goes back to the
+    loader."""
+    stages: gl.constexpr = x_bufs.shape[0]
+    block_n: gl.constexpr = w.shape[0]
+    half_k: gl.constexpr = w.shape[1]
+    words: gl.constexpr = half_k // 16
+    hw = _murmur3_word(row_words[:, None] + (i * words + word_at)[None, :], seed)
+    # _form_step's arithmetic, a pair at a time
+    lo_sigma = _signed_sigma(hw << lo_shift[None, :], sigma_bits)
+    hi_sigma = _signed_sigma(hw << hi_shift[None, :], sigma_bits)
+    lo = (w << 16).to(gl.float32, bitcast=True) + lo_sigma.to(gl.float32, bitcast=True)
+    hi = (w & 0xFFFF0000).to(gl.float32, bitcast=True) + hi_sigma.to(gl.float32, bitcast=True)
+    # each pair's two weights rounded once (to nearest even) and side by side, the tile's K order kept
+    pairs = gl.reshape(gl.join(lo.to(gl.bfloat16), hi.to(gl.bfloat16)), [block_n, 2 * half_k])
+    a = gl.convert_layout(pairs, a_layout, assert_trivial=True)
+    s = i % stages
+    mbarrier.wait(x_ready.index(s), (i // stages) & 1)
+    acc = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma_wait(1, deps=[acc])
+    mbarrier.arrive(x_free.index((i + stages - 1) % stages), count=1, pred=i > 0)
+    return acc
+
+
 def _seeded_linear_gluon_body(x_desc, w_desc, w_pairs_ptr, b_ptr, y_ptr, row0_ptr, rows_ptr, seed_ptr, sigma_ptr, N, K,
                               M_ROWS, PART_K, w_offset, b_offset, M_TILES, SPLIT: gl.constexpr, LDG: gl.constexpr,
-                              EVEN: gl.constexpr,
+                              AREG: gl.constexpr, EVEN: gl.constexpr,
                               PERTURB_W: gl.constexpr,
                               HAS_BIAS: gl.constexpr, PERTURB_B: gl.constexpr, SWAP: gl.constexpr,
                               STAGES: gl.constexpr, FORM_WARPS: gl.constexpr, ROW_WARPS: gl.constexpr,
@@ -312,13 +394,21 @@ def _seeded_linear_gluon_body(x_desc, w_desc, w_pairs_ptr, b_ptr, y_ptr, row0_pt
         b_bufs = w_bufs
         b_ready = w_ready
         b_free = w_free
-    (acc,) = gl.warp_specialize([
-        (_mma_partition, (x_bufs, b_bufs, x_ready, x_free, b_ready, b_free, k_tiles, acc_layout, SWAP)),
-        (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, x_ready, w_ready, x_free, w_free,
-                           row0 + tile_m * block_m, n0, k0, k_tiles, not (LDG and PERTURB_W))),
-        (_form_partition, (w_bufs, f_bufs, w_ready, w_free, f_ready, f_free, row_word0, (K // 32).to(gl.uint32),
-                           seed, sigma_bits, k_tiles, w_pairs_ptr, n0, N, K, k0, PERTURB_W, ROW_WARPS, LDG, EVEN)),
-    ], [1, FORM_WARPS], [LOAD_REGS, FORM_REGS])
+    if AREG and PERTURB_W:  # the launch's warps form and multiply; the loader brings the rows' tiles alone
+        (acc,) = gl.warp_specialize([
+            (_mma_form_partition, (x_bufs, x_ready, x_free, k_tiles, w_pairs_ptr, row_word0, (K // 32).to(gl.uint32),
+                                   seed, sigma_bits, n0, N, K, k0, acc_layout, block_n, EVEN)),
+            (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, x_ready, w_ready, x_free, w_free,
+                               row0 + tile_m * block_m, n0, k0, k_tiles, False)),
+        ], [1], [LOAD_REGS])
+    else:
+        (acc,) = gl.warp_specialize([
+            (_mma_partition, (x_bufs, b_bufs, x_ready, x_free, b_ready, b_free, k_tiles, acc_layout, SWAP)),
+            (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, x_ready, w_ready, x_free, w_free,
+                               row0 + tile_m * block_m, n0, k0, k_tiles, not (LDG and PERTURB_W))),
+            (_form_partition, (w_bufs, f_bufs, w_ready, w_free, f_ready, f_free, row_word0, (K // 32).to(gl.uint32),
+                               seed, sigma_bits, k_tiles, w_pairs_ptr, n0, N, K, k0, PERTURB_W, ROW_WARPS, LDG, EVEN)),
+        ], [1, FORM_WARPS], [LOAD_REGS, FORM_REGS])
 
     out: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
     acc = gl.convert_layout(acc, out)
@@ -342,7 +432,8 @@ def _seeded_linear_gluon_body(x_desc, w_desc, w_pairs_ptr, b_ptr, y_ptr, row0_pt
 
 
 HELPERS = (_key_mix, _state_step, _fmix32, _splat, _murmur3_key, _murmur3_word, _v2_flip, _signed_sigma,
-           _pack_bf16x2, _ldg_pairs, _form_step, _load_partition, _form_partition, _mma_partition)
+           _pack_bf16x2, _ldg_pairs, _ldg_operands, _ldg_first, _form_step, _load_partition,
+           _form_partition, _mma_partition, _mma_form_partition, _mma_formed_step)
 
 
 @functools.cache
@@ -383,8 +474,9 @@ def launch(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, la
     split = out.dim() == 3
     grid = (len(tables[0]) * m_tiles, triton.cdiv(N, launch.block_n), out.shape[0] if split else 1)
     kernel()[grid](x_desc, w_desc, weight.view(torch.int32), bias if bias is not None else x, out, *tables, N, K, M,
-                   part_k, weight_offset or 0, bias_offset or 0, m_tiles, SPLIT=split, LDG=launch.ldg,
-                   EVEN=launch.ldg and N % launch.block_n == 0 and K % launch.block_k == 0,  # read by /ldg alone
+                   part_k, weight_offset or 0, bias_offset or 0, m_tiles, SPLIT=split, LDG=launch.ldg, AREG=launch.areg,
+                   # read by /ldg and /areg alone
+                   EVEN=(launch.ldg or launch.areg) and N % launch.block_n == 0 and K % launch.block_k == 0,
                    PERTURB_W=weight_offset is not None,
                    HAS_BIAS=bias is not None, PERTURB_B=bias is not None and bias_offset is not None, SWAP=launch.swap,
                    STAGES=launch.num_stages, num_warps=launch.num_warps, **partition_constexprs(launch))
@@ -405,7 +497,8 @@ def compile_offline(launch, perturb: bool, k: int, arch: int = 90, bias: bool = 
     signature.update({"w_pairs_ptr": "*i32", "b_ptr": "*bf16", "y_ptr": "*fp32" if split else "*bf16", "row0_ptr": "*i32",
                       "rows_ptr": "*i32", "seed_ptr": "*i64", "sigma_ptr": "*fp32", "N": "i32", "K": "i32",
                       "M_ROWS": "i32", "PART_K": "i32", "w_offset": "i64", "b_offset": "i64", "M_TILES": "i32"})
-    constexprs = {"SPLIT": split, "LDG": launch.ldg, "EVEN": launch.ldg and k % launch.block_k == 0, "PERTURB_W": perturb, "HAS_BIAS": bias, "PERTURB_B": bias and perturb,
+    constexprs = {"SPLIT": split, "LDG": launch.ldg, "AREG": launch.areg,
+                  "EVEN": (launch.ldg or launch.areg) and k % launch.block_k == 0, "PERTURB_W": perturb, "HAS_BIAS": bias, "PERTURB_B": bias and perturb,
                   "SWAP": launch.swap, "STAGES": launch.num_stages, **partition_constexprs(launch)}
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     names = fn.arg_names
