@@ -34,7 +34,7 @@ LAUNCHES = [SeededLaunch.parse(v) for v in ("128/128/64/4/3/swap/tma/gluon", "12
                                             "128/128/64/8/4/swap/tma/gluon", "64/128/64/4/4/swap/tma/gluon",
                                             "128/128/64/8/4/swap/tma/gluon/f8", "128/128/64/4/3/tma/gluon/f8")]
 LAUNCHES += SPLIT_LAUNCHES
-# /ldg: the forming warps load the base tile from global memory (two sets of registers, a loop of two K steps)
+# /ldg: the forming warps load the base tile from global memory (coalesced, a K step ahead)
 LDG_LAUNCHES = [SeededLaunch.parse(v) for v in ("128/128/64/8/4/swap/tma/gluon/ldg", "128/128/64/8/4/swap/tma/gluon/ldg/f8",
                                                 "128/128/64/4/3/tma/gluon/ldg", "128/128/64/8/4/swap/tma/gluon/ldg/f8/k8")]
 LAUNCHES += LDG_LAUNCHES
@@ -109,11 +109,12 @@ def test_the_forming_takes_few_instructions_a_weight(launch):
     pairs of bf16, each widened by one shift or one mask (no byte permutes), a sign by one instruction on its
     word's hash or one of its 15 rotations, one fp32 add, half a paired rounding; with the hash and the K step's
     loads, stores and barriers, under 5.25 where a thread forms two words a K step and under 5.65 where it forms
-    one (the K step's overhead over half the weights)."""
+    one (the K step's overhead over half the weights). /ldg's coalesced loads spread a word over 4 lanes, each
+    hashing it, with a sign by a shift and a LOP3 each: under 8.25."""
     compiled = compile_offline(launch, True, k=3584)
     words = launch.block_n * launch.block_k // (32 * 32 * launch.form_warps)
     cost = forming_cost(launch, None, compiled)["per_element"]
-    assert cost < (5.25 if words >= 2 else 5.65), (words, cost)
+    assert cost < (8.25 if launch.ldg else 5.25 if words >= 2 else 5.65), (words, cost)
     sass = offline_compile.cuobjdump(compiled.asm["cubin"], "-sass")
     (loop,) = [body for body in offline_compile.loops(sass) if re.search(r"\bSTS\b", body)]
     assert "PRMT" not in loop and "F2FP.BF16.F32.PACK_AB" in loop

@@ -95,7 +95,7 @@ def forming_cost(launch: sl.SeededLaunch, plain, formed) -> dict:
     body alone: what is hoisted out of it (shift amounts, each row's first word) runs once a program, not once
     a K step. A /gluon launch forms in a partition of its own: its forming warps' K loop (the one loop that
     stores to shared memory), whole, over the weights each of them forms per K step; the wgmma warps add
-    nothing; a /ldg launch's loop body forms two K steps (its two sets of registers). A /areg launch forms in the
+    nothing. A /areg launch forms in the
     wgmma's warps: their K loop, whole (its wgmma issue and waits too), over the weights each forms per K step."""
     if launch.gluon:
         sass = offline_compile.cuobjdump(formed.asm["cubin"], "-sass")
@@ -104,7 +104,7 @@ def forming_cost(launch: sl.SeededLaunch, plain, formed) -> dict:
             weights = launch.block_n * launch.block_k // (32 * launch.num_warps)
         else:
             (loop,) = [body for body in offline_compile.loops(sass) if re.search(r"\bSTS\b", body)]
-            weights = (2 if launch.ldg else 1) * launch.block_n * launch.block_k // (32 * launch.form_warps)
+            weights = launch.block_n * launch.block_k // (32 * launch.form_warps)
         counts = sass_count.count(loop, weights)
         return {"per_element": counts["per_element"],
                 "by_pipe": {k: v for k, v in counts["by_pipe"].items() if abs(v) >= 0.05}}

@@ -152,8 +152,17 @@ def _form_partition(w_bufs, f_bufs, w_ready, w_free, f_ready, f_free, row_word0,
     # (SeededLaunch.form_split), where laid over the rows they would repeat other warps' rows, forming those
     # weights twice.
     word_warps: gl.constexpr = gl.num_warps() // ROW_WARPS
-    tile: gl.constexpr = gl.BlockedLayout([1, 1, 16], [32, 1, 1], [ROW_WARPS, word_warps, 1], [2, 1, 0])
-    flat: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [ROW_WARPS, word_warps], [1, 0])
+    # /ldg loads the base itself, coalesced: a thread holds 16 bytes (4 pairs) of a row, 8 lanes a row's 128 bytes
+    # of a 64-wide K step, so a warp's load touches 4 lines; a whole word a thread (16 pairs, each lane of a warp
+    # a row of its own) would touch 32 lines a load, which the L1 takes a line at a time (about 1,000 cycles a K
+    # step at 128/128/64 where the wgmma needs ~500). A word then spans 4 lanes, each hashing it, and a pair's
+    # signs are shifts (its index in the word is the lane's).
+    lanes_w: gl.constexpr = words if words < 2 else 2
+    tile: gl.constexpr = (gl.BlockedLayout([1, 1, 4], [32 // (4 * lanes_w), lanes_w, 4], [gl.num_warps(), 1, 1],
+                                           [2, 1, 0]) if LDG else
+                          gl.BlockedLayout([1, 1, 16], [32, 1, 1], [ROW_WARPS, word_warps, 1], [2, 1, 0]))
+    flat: gl.constexpr = (gl.BlockedLayout([1, 4], [32 // (4 * lanes_w), 4 * lanes_w], [gl.num_warps(), 1], [1, 0])
+                          if LDG else gl.BlockedLayout([1, 16], [32, 1], [ROW_WARPS, word_warps], [1, 0]))
     word_of: gl.constexpr = gl.SliceLayout(2, tile)
     rows = gl.arange(0, block_n, layout=gl.SliceLayout(1, word_of))
     # each row's first word index, once: a K step adds its words in 32 bits (the Triton kernel's WORD32 path)
@@ -168,24 +177,20 @@ def _form_partition(w_bufs, f_bufs, w_ready, w_free, f_ready, f_free, row_word0,
     nxt = (right + 2) % 32
     nxt_left = (32 - nxt) % 32
     if LDG:
-        # /ldg: each thread loads its own words' pairs, 16-byte pieces of one row, from global memory into registers
-        # (not through shared memory: the base tile's copy there is a write and a read of 16 KB a K step at
-        # 128/128/64, half again a perturbed step's shared-memory traffic). Two sets of registers, the even K steps'
-        # and the odd ones', each refilled with the step after next once formed, so a load has a step's forming to
-        # arrive in and the loop body, two steps, moves no register from set to set.
+        # /ldg: each thread loads its pairs, 16-byte pieces of rows (the coalesced layout above), from global memory
+        # into registers, not through shared memory (the base tile's copy there is a write and a read of 16 KB a K
+        # step at 128/128/64). One set of registers, refilled with the next step's pairs once a step is formed, so
+        # a load has the wait for a free slot and a step's forming to arrive in (two sets, with this layout's four
+        # hashes a word, spill at four forming warps).
         steps = k_tiles * PERTURB_W
         pairs_at, rows_ok, tile_pairs = _ldg_operands(w_pairs_ptr, n0, N, K, k0, block_n, block_k, flat)
-        even, odd, last = _ldg_first(pairs_at, rows_ok, tile_pairs, K, steps, block_k)
+        w, _, last = _ldg_first(pairs_at, rows_ok, tile_pairs, K, steps, block_k)
         s = 0
         phase = 0
-        for i in range(0, steps, 2):
-            s, phase = _form_step(even, i, s, phase, f_pairs, f_ready, f_free, row_words, word_at, right, left, nxt,
-                                  nxt_left, seed, sigma_bits, flat)
-            even = _ldg_pairs(pairs_at, rows_ok, tile_pairs, K // 2, i + 2, last, block_k // 2, EVEN)
-            if i + 1 < steps:
-                s, phase = _form_step(odd, i + 1, s, phase, f_pairs, f_ready, f_free, row_words, word_at, right,
-                                      left, nxt, nxt_left, seed, sigma_bits, flat)
-            odd = _ldg_pairs(pairs_at, rows_ok, tile_pairs, K // 2, i + 3, last, block_k // 2, EVEN)
+        for i in range(steps):
+            s, phase = _form_step(w, i, s, phase, f_pairs, f_ready, f_free, row_words, word_at, right, left, nxt,
+                                  nxt_left, seed, sigma_bits, flat, True)
+            w = _ldg_pairs(pairs_at, rows_ok, tile_pairs, K // 2, i + 1, last, block_k // 2, EVEN)
     else:
         s = 0  # the ring's slot and its phase, carried: a division by a stage count of 3 costs the K step ten
         phase = 0  # instructions
@@ -196,13 +201,14 @@ def _form_partition(w_bufs, f_bufs, w_ready, w_free, f_ready, f_free, row_word0,
             fence_async_shared()
             mbarrier.arrive(w_free.index(s), count=1)
             s, phase = _form_step(w, i, s, phase, f_pairs, f_ready, f_free, row_words, word_at, right, left, nxt,
-                                  nxt_left, seed, sigma_bits, flat)
+                                  nxt_left, seed, sigma_bits, flat, False)
 
 
 def _form_step(w, i, s, phase, f_pairs, f_ready, f_free, row_words, word_at, right, left, nxt, nxt_left, seed,
-               sigma_bits, flat: gl.constexpr):
+               sigma_bits, flat: gl.constexpr, SHIFTS: gl.constexpr):
     """K step i's formed tile from its base pairs `w`, into the ring's slot s once the wgmma has freed it; the
-    next slot and its phase."""
+    next slot and its phase. SHIFTS: a pair's signs by a shift each (its index in its word is the lane's), not
+    by the rotations one thread's whole word shares."""
     stages: gl.constexpr = f_pairs.shape[0]
     block_n: gl.constexpr = f_pairs.shape[1]
     half_k: gl.constexpr = f_pairs.shape[2]
@@ -210,8 +216,12 @@ def _form_step(w, i, s, phase, f_pairs, f_ready, f_free, row_words, word_at, rig
     hw = _murmur3_word(row_words[:, None] + (i * words + word_at)[None, :], seed)[:, :, None]
     # σ's bits with the sign flipped by one bit of a rotation, one instruction each: bit 0 moved to bit 31
     # and added (adding 2**31 flips bit 31 alone: a shift-and-add, IMAD), bit 31 by _signed_sigma's LOP3
-    lo_sigma = (((hw >> right[None, None, :]) | (hw << left[None, None, :])) << 31) + sigma_bits
-    hi_sigma = _signed_sigma((hw >> nxt[None, None, :]) | (hw << nxt_left[None, None, :]), sigma_bits)
+    if SHIFTS:  # bits 2p and 2p + 1 moved to bit 31
+        lo_sigma = _signed_sigma(hw << (31 - right)[None, None, :], sigma_bits)
+        hi_sigma = _signed_sigma(hw << (30 - right)[None, None, :], sigma_bits)
+    else:
+        lo_sigma = (((hw >> right[None, None, :]) | (hw << left[None, None, :])) << 31) + sigma_bits
+        hi_sigma = _signed_sigma((hw >> nxt[None, None, :]) | (hw << nxt_left[None, None, :]), sigma_bits)
     lo_sigma = gl.convert_layout(gl.reshape(lo_sigma, [block_n, half_k]), flat, assert_trivial=True)
     hi_sigma = gl.convert_layout(gl.reshape(hi_sigma, [block_n, half_k]), flat, assert_trivial=True)
     # a bf16 widens to fp32 exactly as its bits in the high half (a pair's low weight shifted there, its
@@ -263,9 +273,9 @@ def _mma_partition(x_bufs, f_bufs, x_ready, x_free, f_ready, f_free, k_tiles, ac
 
 def _mma_form_partition(x_bufs, x_ready, x_free, k_tiles, w_pairs_ptr, row_word0, words_per_row, seed, sigma_bits,
                         n0, N, K, k0, acc_layout: gl.constexpr, BLOCK_N: gl.constexpr, EVEN: gl.constexpr):
-    # /areg: the launch's warps load each K step's base pairs from global memory (two steps ahead, as /ldg's
-    # forming warps do), form the seed's tile in registers and hand it to the wgmma as its A operand, so the
-    # formed tile never passes through shared memory: a K step's shared-memory traffic is the rows' tile alone
+    # /areg: the launch's warps load each K step's base pairs from global memory (two steps ahead), form the
+    # seed's tile in registers and hand it to the wgmma as its A operand, so the formed tile never passes through
+    # shared memory: a K step's shared-memory traffic is the rows' tile alone
     # (its TMA write and the wgmmas' reads), where /ldg adds the formed tile's write and read and /gluon the base
     # tile's as well. The forming of step i + 1 runs while step i's wgmma does.
     block_m: gl.constexpr = x_bufs.shape[1]
@@ -289,9 +299,9 @@ def _mma_form_partition(x_bufs, x_ready, x_free, k_tiles, w_pairs_ptr, row_word0
     pairs_at, rows_ok, tile_pairs = _ldg_operands(w_pairs_ptr, n0, N, K, k0, BLOCK_N, block_k, pairs_of)
     even, odd, last = _ldg_first(pairs_at, rows_ok, tile_pairs, K, k_tiles, block_k)
     acc = gl.zeros([BLOCK_N, block_m], gl.float32, acc_layout)
-    # one step a pass, the two sets of base pairs moved along: a pass that ran a wgmma or not (/ldg's two steps
-    # a pass, the second conditional) joins two accumulators, a definition of the next wgmma's input while one is
-    # in flight, and ptxas then serializes them
+    # one step a pass, the two sets of base pairs moved along: a pass of two steps whose second is conditional
+    # (the loop /ldg ran before its loads were coalesced) joins two accumulators, a definition of the next wgmma's
+    # input while one is in flight, and ptxas then serializes them
     for i in range(k_tiles):
         acc = _mma_formed_step(even, i, acc, x_bufs, x_ready, x_free, row_words, word_at, lo_shift, hi_shift, seed,
                                sigma_bits, a_layout)
