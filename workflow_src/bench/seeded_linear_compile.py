@@ -95,8 +95,8 @@ def forming_cost(launch: sl.SeededLaunch, plain, formed) -> dict:
     body alone: what is hoisted out of it (shift amounts, each row's first word) runs once a program, not once
     a K step. A /gluon launch forms in a partition of its own: its forming warps' K loop (the one loop that
     stores to shared memory), whole, over the weights each of them forms per K step; the wgmma warps add
-    nothing. A /areg launch forms in the
-    wgmma's warps: their K loop, whole (its wgmma issue and waits too), over the weights each forms per K step."""
+    nothing. A /areg launch forms in the wgmma's warps: their K loop, whole (its wgmma issue and waits too), over
+    the weights each forms per K step."""
     if launch.gluon:
         sass = offline_compile.cuobjdump(formed.asm["cubin"], "-sass")
         if launch.areg:

@@ -108,8 +108,9 @@ class SeededLaunch:
     32 bits, and no /words or /ws (the same weights; its sums run in wgmma's order over BLOCK_K steps); with /kN
     its K is split as the Triton kernel's (the same parts, partial sums and `add_parts`). `ldg` (after /gluon):
     the forming warps load the base tile from global memory into their registers, a K step ahead and coalesced
-    (16 bytes of a row a thread, 8 lanes a row's 128 bytes), instead of reading the loader's copy of it in shared
-    memory: per K step a CTA's shared memory then carries the rows' tile
+    (16 bytes of a row a thread, 8 lanes a row's 128 bytes, the warps all over rows, whatever `form_split` says),
+    instead of reading the loader's copy of it in shared memory: per K step a CTA's shared memory then carries the
+    rows' tile
     in, the formed tile out and both into the wgmma (64 KB at 128/128/64 tiles, as a launch with nothing perturbed),
     where the copy of the base tile adds its write and read (96 KB); the same weights and sums. `areg` (after
     /gluon, with /swap; no /ldg or /fN): no forming warps; the launch's wgmma warps load the base tile from global
