@@ -2,6 +2,7 @@
 which family was in force, and the check can fail (the machine's own kernels give other bits)."""
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -32,13 +33,26 @@ def child_env(knobs: dict[str, str]) -> dict[str, str]:
     return {**env, "PYTHONPATH": str(REPO), **knobs}
 
 
+def run_in(knobs: dict[str, str], code: str) -> str:
+    """What `python -c code` prints under `knobs`."""
+    return subprocess.run([sys.executable, "-c", code], env=child_env(knobs), capture_output=True, text=True,
+                          timeout=300, check=True).stdout
+
+
 def record_in(knobs: dict[str, str]) -> dict:
-    import subprocess
-    code = ("import json, workflow_src.provenance.cpu_kernels as k; import torch; "
-            "print(json.dumps(k.record()))")
-    proc = subprocess.run([sys.executable, "-c", code], env=child_env(knobs), capture_output=True, text=True,
-                          timeout=300, check=True)
-    return json.loads(proc.stdout)
+    return json.loads(run_in(knobs, "import json, workflow_src.provenance.cpu_kernels as k; import torch; "
+                                    "print(json.dumps(k.record()))"))
+
+
+def build_checkpoint(tmp_path, name: str, knobs: dict[str, str]) -> bytes:
+    """The checkpoint rule's CLI on the synthetic source (pretraining included) under `knobs`: its MANIFEST.json."""
+    spec = write_section(tmp_path / "s.json", "checkpoint.synthetic", SPEC)
+    task = write_section(tmp_path / "t.json", "task.synthetic_arithmetic", TASK)
+    out = tmp_path / name / "tiny"
+    env = {k: v for k, v in child_env(knobs).items() if k != "PYTHONPATH"}
+    run_module("workflow_src.checkpoints", "--name", "tiny", "--source", "synthetic", "--source-section",
+               str(spec), "--task-section", str(task), "--out", str(out), "--no-progress", env=env)
+    return (out / "MANIFEST.json").read_bytes()
 
 
 @needs_avx2
@@ -60,23 +74,14 @@ def test_probe_bits_do_not_follow_the_knobs():
 def test_checkpoint_bytes_do_not_follow_the_knobs(tmp_path):
     """The checkpoint rule's CLI on the synthetic source (pretraining included) under each set of knobs: one
     MANIFEST.json; the machine's own kernels give other weights."""
-    spec = write_section(tmp_path / "s.json", "checkpoint.synthetic", SPEC)
-    task = write_section(tmp_path / "t.json", "task.synthetic_arithmetic", TASK)
-
-    def build(i: int, knobs: dict[str, str]) -> dict:
-        out = tmp_path / f"run{i}" / "tiny"
-        env = {k: v for k, v in child_env(knobs).items() if k != "PYTHONPATH"}
-        run_module("workflow_src.checkpoints", "--name", "tiny", "--source", "synthetic", "--source-section",
-                   str(spec), "--task-section", str(task), "--out", str(out), "--no-progress", env=env)
-        return (out / "MANIFEST.json").read_bytes()
-
     # what the shell hands over: nothing, and what an AVX-512 machine's libraries would pick by themselves
-    manifests = [build(0, {}), build(1, {"ATEN_CPU_CAPABILITY": "avx512", **OTHER_KNOBS[3]})]
+    manifests = [build_checkpoint(tmp_path, "run0", {}),
+                 build_checkpoint(tmp_path, "run1", {"ATEN_CPU_CAPABILITY": "avx512", **OTHER_KNOBS[3]})]
     assert set(manifests) == {manifests[0]}
     doc = json.loads(manifests[0])
     assert doc["source_spec"]["cpu_kernels"] == {"family": "x86-avx2", "knobs": cpu_kernels.FAMILIES["x86-avx2"],
                                                  "aten_capability": "AVX2", "onednn_bf16": False}
-    own = json.loads(build(2, MACHINE_DEFAULT))
+    own = json.loads(build_checkpoint(tmp_path, "run2", MACHINE_DEFAULT))
     assert own["source_spec"]["cpu_kernels"]["family"] == "machine"
     assert own["files"]["model.safetensors"]["sha256"] != doc["files"]["model.safetensors"]["sha256"]
 
@@ -98,22 +103,13 @@ def test_the_pretraining_does_not_follow_mkls_branch(tmp_path):
     probe's ops other than the BLAS path's (linear and sdpa_causal, which the default does not take) alike. The
     control: torch.sqrt on a float tensor, which goes to MKL's vector maths, gives other bits under those branches
     (on an Intel Xeon; where a CPU's branches give it one set of bits, nothing here could fail, and it skips)."""
-    import subprocess
     code = ("import hashlib, torch; g = torch.Generator().manual_seed(0); x = torch.rand(1 << 16, generator=g); "
             "print(hashlib.sha256(x.mul(1e-4).sqrt().numpy().tobytes()).hexdigest())")
-    roots = {subprocess.run([sys.executable, "-c", code], env=child_env(family_with_mkl_branch(b)),
-                            capture_output=True, text=True, timeout=300, check=True).stdout for b in MKL_BRANCHES}
+    roots = {run_in(family_with_mkl_branch(b), code) for b in MKL_BRANCHES}
     if len(roots) == 1:
         pytest.skip(f"MKL's branches {MKL_BRANCHES} give torch.sqrt one set of bits on this CPU: the check cannot fail")
-    spec = write_section(tmp_path / "s.json", "checkpoint.synthetic", SPEC)
-    task = write_section(tmp_path / "t.json", "task.synthetic_arithmetic", TASK)
-    weights = set()
-    for branch in MKL_BRANCHES:
-        out = tmp_path / branch / "tiny"
-        env = {k: v for k, v in child_env(family_with_mkl_branch(branch)).items() if k != "PYTHONPATH"}
-        run_module("workflow_src.checkpoints", "--name", "tiny", "--source", "synthetic", "--source-section",
-                   str(spec), "--task-section", str(task), "--out", str(out), "--no-progress", env=env)
-        weights.add(json.loads((out / "MANIFEST.json").read_text())["files"]["model.safetensors"]["sha256"])
+    weights = {json.loads(build_checkpoint(tmp_path, b, family_with_mkl_branch(b)))["files"]["model.safetensors"]["sha256"]
+               for b in MKL_BRANCHES}
     assert len(weights) == 1
     ops = [record_in(family_with_mkl_branch(b))["probe_ops"] for b in MKL_BRANCHES]
     blas = ("linear", "sdpa_causal")

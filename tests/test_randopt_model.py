@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,6 +13,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import REPO, write_section
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from workflow_src.config_schema import defaults
@@ -27,6 +29,7 @@ from workflow_src.randopt.population import (
     shard_positions,
     sigma_indices,
 )
+from workflow_src.randopt.population import main as population_main
 from workflow_src.randopt.settings import RandOptSettings, SettingsError
 
 
@@ -436,12 +439,6 @@ MKL_VECTOR_MATHS = {"sqrt", "exp", "log", "log2", "log10", "tanh", "erf", "erfc"
 def test_a_population_shard_reaches_no_mkl_vector_maths(checkpoint, tmp_path):
     """RandOpt's population job on the CPU, op by op: no float op of MKL's vector maths, so its answers are the same
     bits on every machine of the kernel family; the watcher sees one where one runs (the control)."""
-    from collections import Counter
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from workflow_src.randopt.population import main
-
     class Watch(TorchDispatchMode):
         def __init__(self):
             super().__init__()
@@ -456,8 +453,8 @@ def test_a_population_shard_reaches_no_mkl_vector_maths(checkpoint, tmp_path):
     r = write_section(tmp_path / "randopt.json", "randopt", RANDOPT)
     t = write_section(tmp_path / "task.json", "task.synthetic_arithmetic", TASK)
     with Watch() as watch:
-        main(["--shard", "0", "--shards", "2", "--checkpoint", str(checkpoint), "--randopt-section", str(r),
-              "--task-section", str(t), "--no-progress", "--out", str(tmp_path / "shard.parquet")])
+        population_main(["--shard", "0", "--shards", "2", "--checkpoint", str(checkpoint), "--randopt-section",
+                         str(r), "--task-section", str(t), "--no-progress", "--out", str(tmp_path / "shard.parquet")])
     assert len(pd.read_parquet(tmp_path / "shard.parquet")) == RANDOPT["population"] // 2
     assert not watch.seen, dict(watch.seen)
     with Watch() as control:

@@ -204,6 +204,22 @@ def _form_partition(w_bufs, f_bufs, w_ready, w_free, f_ready, f_free, row_word0,
                                   nxt_left, seed, sigma_bits, flat, False)
 
 
+def _shifted_sigmas(hw, right, sigma_bits):
+    """σ's bits with the sign flipped by bits 2p and 2p + 1 of the hash `hw` (`right` = 2p, broadcast to it), each
+    moved to bit 31 by one shift: a pair's two signs where its index in its word is the lane's, not a constant."""
+    return _signed_sigma(hw << (31 - right), sigma_bits), _signed_sigma(hw << (30 - right), sigma_bits)
+
+
+def _plus_sigmas(w, lo_sigma, hi_sigma):
+    """The pairs `w`'s low and high weights plus σ·R, in fp32 before their one rounding. A bf16 widens to fp32
+    exactly as its bits in the high half (a pair's low weight shifted there, its high weight's low half cleared);
+    σ·R is σ with its sign flipped where R = −1: exact, so one fp32 add and one rounding (to nearest even) give the
+    reconstruct kernel's bits."""
+    lo = (w << 16).to(gl.float32, bitcast=True) + lo_sigma.to(gl.float32, bitcast=True)
+    hi = (w & 0xFFFF0000).to(gl.float32, bitcast=True) + hi_sigma.to(gl.float32, bitcast=True)
+    return lo, hi
+
+
 def _form_step(w, i, s, phase, f_pairs, f_ready, f_free, row_words, word_at, right, left, nxt, nxt_left, seed,
                sigma_bits, flat: gl.constexpr, SHIFTS: gl.constexpr):
     """K step i's formed tile from its base pairs `w`, into the ring's slot s once the wgmma has freed it; the
@@ -214,21 +230,16 @@ def _form_step(w, i, s, phase, f_pairs, f_ready, f_free, row_words, word_at, rig
     half_k: gl.constexpr = f_pairs.shape[2]
     words: gl.constexpr = half_k // 16
     hw = _murmur3_word(row_words[:, None] + (i * words + word_at)[None, :], seed)[:, :, None]
-    # σ's bits with the sign flipped by one bit of a rotation, one instruction each: bit 0 moved to bit 31
-    # and added (adding 2**31 flips bit 31 alone: a shift-and-add, IMAD), bit 31 by _signed_sigma's LOP3
-    if SHIFTS:  # bits 2p and 2p + 1 moved to bit 31
-        lo_sigma = _signed_sigma(hw << (31 - right)[None, None, :], sigma_bits)
-        hi_sigma = _signed_sigma(hw << (30 - right)[None, None, :], sigma_bits)
+    if SHIFTS:
+        lo_sigma, hi_sigma = _shifted_sigmas(hw, right[None, None, :], sigma_bits)
     else:
+        # σ's bits with the sign flipped by one bit of a rotation, one instruction each: bit 0 moved to bit 31
+        # and added (adding 2**31 flips bit 31 alone: a shift-and-add, IMAD), bit 31 by _signed_sigma's LOP3
         lo_sigma = (((hw >> right[None, None, :]) | (hw << left[None, None, :])) << 31) + sigma_bits
         hi_sigma = _signed_sigma((hw >> nxt[None, None, :]) | (hw << nxt_left[None, None, :]), sigma_bits)
     lo_sigma = gl.convert_layout(gl.reshape(lo_sigma, [block_n, half_k]), flat, assert_trivial=True)
     hi_sigma = gl.convert_layout(gl.reshape(hi_sigma, [block_n, half_k]), flat, assert_trivial=True)
-    # a bf16 widens to fp32 exactly as its bits in the high half (a pair's low weight shifted there, its
-    # high weight's low half cleared); σ·R is σ with its sign flipped where R = −1: exact, so one fp32 add
-    # and one rounding (to nearest even) give the reconstruct kernel's bits
-    lo = (w << 16).to(gl.float32, bitcast=True) + lo_sigma.to(gl.float32, bitcast=True)
-    hi = (w & 0xFFFF0000).to(gl.float32, bitcast=True) + hi_sigma.to(gl.float32, bitcast=True)
+    lo, hi = _plus_sigmas(w, lo_sigma, hi_sigma)
     mbarrier.wait(f_free.index(s), phase ^ 1)
     f_pairs.index(s).store(_pack_bf16x2(lo, hi))
     # the generic-proxy stores made visible to the wgmma's async-proxy reads
@@ -291,11 +302,10 @@ def _mma_form_partition(x_bufs, x_ready, x_free, k_tiles, w_pairs_ptr, row_word0
     row_words = row_word0 + rows.to(gl.uint32) * words_per_row
     col = gl.arange(0, block_k // 2, layout=gl.SliceLayout(0, pairs_of)).to(gl.uint32)
     word_at = col // 16
-    # a pair p's two signs, bits 2p and 2p + 1 of its word's hash, moved to bit 31 by one shift each: a thread's
-    # pairs are not adjacent here, so the forming warps' rotations (one serving two pairs, by amounts a register
-    # knows at compile time) would take three instructions each
-    lo_shift = 31 - 2 * (col % 16)
-    hi_shift = lo_shift - 1
+    # a thread's pairs are not adjacent here, so their signs are shifts (_shifted_sigmas): the whole-word
+    # forming's rotations (one serving two pairs, by amounts a register knows at compile time) would take three
+    # instructions each
+    right = 2 * (col % 16)
     pairs_at, rows_ok, tile_pairs = _ldg_operands(w_pairs_ptr, n0, N, K, k0, BLOCK_N, block_k, pairs_of)
     even, odd, last = _ldg_first(pairs_at, rows_ok, tile_pairs, K, k_tiles, block_k)
     acc = gl.zeros([BLOCK_N, block_m], gl.float32, acc_layout)
@@ -303,15 +313,15 @@ def _mma_form_partition(x_bufs, x_ready, x_free, k_tiles, w_pairs_ptr, row_word0
     # (the loop /ldg ran before its loads were coalesced) joins two accumulators, a definition of the next wgmma's
     # input while one is in flight, and ptxas then serializes them
     for i in range(k_tiles):
-        acc = _mma_formed_step(even, i, acc, x_bufs, x_ready, x_free, row_words, word_at, lo_shift, hi_shift, seed,
-                               sigma_bits, a_layout)
+        acc = _mma_formed_step(even, i, acc, x_bufs, x_ready, x_free, row_words, word_at, right, seed, sigma_bits,
+                               a_layout)
         even = odd
         odd = _ldg_pairs(pairs_at, rows_ok, tile_pairs, K // 2, i + 2, last, block_k // 2, EVEN)
     acc = warpgroup_mma_wait(0, deps=[acc])
     return (gl.permute(acc, (1, 0)),)
 
 
-def _mma_formed_step(w, i, acc, x_bufs, x_ready, x_free, row_words, word_at, lo_shift, hi_shift, seed, sigma_bits,
+def _mma_formed_step(w, i, acc, x_bufs, x_ready, x_free, row_words, word_at, right, seed, sigma_bits,
                      a_layout: gl.constexpr):
     """K step i of /areg: the tile formed from base pairs `w` (in the A operand's layout) as the wgmma's A operand
     against the rows' tile, one wgmma left in flight; the previous step's done, its rows' slot goes back to the
@@ -321,11 +331,7 @@ def _mma_formed_step(w, i, acc, x_bufs, x_ready, x_free, row_words, word_at, lo_
     half_k: gl.constexpr = w.shape[1]
     words: gl.constexpr = half_k // 16
     hw = _murmur3_word(row_words[:, None] + (i * words + word_at)[None, :], seed)
-    # _form_step's arithmetic, a pair at a time
-    lo_sigma = _signed_sigma(hw << lo_shift[None, :], sigma_bits)
-    hi_sigma = _signed_sigma(hw << hi_shift[None, :], sigma_bits)
-    lo = (w << 16).to(gl.float32, bitcast=True) + lo_sigma.to(gl.float32, bitcast=True)
-    hi = (w & 0xFFFF0000).to(gl.float32, bitcast=True) + hi_sigma.to(gl.float32, bitcast=True)
+    lo, hi = _plus_sigmas(w, *_shifted_sigmas(hw, right[None, :], sigma_bits))
     # each pair's two weights rounded once (to nearest even) and side by side, the tile's K order kept
     pairs = gl.reshape(gl.join(lo.to(gl.bfloat16), hi.to(gl.bfloat16)), [block_n, 2 * half_k])
     a = gl.convert_layout(pairs, a_layout, assert_trivial=True)
@@ -442,8 +448,8 @@ def _seeded_linear_gluon_body(x_desc, w_desc, w_pairs_ptr, b_ptr, y_ptr, row0_pt
 
 
 HELPERS = (_key_mix, _state_step, _fmix32, _splat, _murmur3_key, _murmur3_word, _v2_flip, _signed_sigma,
-           _pack_bf16x2, _ldg_pairs, _ldg_operands, _ldg_first, _form_step, _load_partition,
-           _form_partition, _mma_partition, _mma_form_partition, _mma_formed_step)
+           _pack_bf16x2, _ldg_pairs, _ldg_operands, _ldg_first, _shifted_sigmas, _plus_sigmas, _form_step,
+           _load_partition, _form_partition, _mma_partition, _mma_form_partition, _mma_formed_step)
 
 
 @functools.cache
