@@ -140,7 +140,7 @@ def test_on_a_gpu_each_layer_is_also_timed_as_a_graph_replay():
             u / f for u, f in zip(res["unperturbed"]["in_graph"]["ms_runs"], row["formed"]["in_graph"]["ms_runs"])]
 
 
-def test_the_short_preset_plans_its_eight_launches(tmp_path):
+def test_the_short_preset_plans_its_nine_launches(tmp_path):
     """config/presets/seeded-linear-bench-short.yaml (the layer table within one GPU call) plans the target with
     its launches and the preset in the record's command (a plan; no GPU here)."""
     preset = "config/presets/seeded-linear-bench-short.yaml"
@@ -151,4 +151,4 @@ def test_the_short_preset_plans_its_eight_launches(tmp_path):
     assert ("--launches 128/64/64/4/3/swap/tma 128/128/64/8/4/swap/tma "
             "128/128/64/8/4/swap/tma/gluon 128/128/64/8/4/swap/tma/gluon/f8 128/128/64/8/4/swap/tma/gluon/f8/k8 "
             "128/128/64/8/4/swap/tma/gluon/ldg 128/128/64/8/4/swap/tma/gluon/ldg/f8 "
-            "128/128/64/8/4/swap/tma/gluon/areg --repeats") in proc.stdout
+            "128/128/64/8/4/swap/tma/gluon/areg 128/128/128/8/3/swap/tma/gluon/areg --repeats") in proc.stdout

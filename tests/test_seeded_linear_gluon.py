@@ -23,7 +23,7 @@ from workflow_src.kernels.seeded_linear import (
     seeded_linear,
     split_parts,
 )
-from workflow_src.kernels.seeded_linear_gluon import FORM_REGS, LOAD_REGS, compile_offline
+from workflow_src.kernels.seeded_linear_gluon import FORM_REGS, LOAD_REGS, compile_offline, fragment_order
 
 hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                             reason="needs a Hopper GPU")
@@ -40,7 +40,8 @@ LDG_LAUNCHES = [SeededLaunch.parse(v) for v in ("128/128/64/8/4/swap/tma/gluon/l
 LAUNCHES += LDG_LAUNCHES
 # /areg: the wgmma warps form the tile in their A fragments' registers (8 and 4 warps, split or not)
 AREG_LAUNCHES = [SeededLaunch.parse(v) for v in ("128/128/64/8/4/swap/tma/gluon/areg", "64/128/64/4/4/swap/tma/gluon/areg",
-                                                 "128/128/64/8/4/swap/tma/gluon/areg/k8")]
+                                                 "128/128/64/8/4/swap/tma/gluon/areg/k8",
+                                                 "128/128/128/8/3/swap/tma/gluon/areg")]
 LAUNCHES += AREG_LAUNCHES
 # compiled on the CPU (a few seconds each): one launch of each feature, and each pair that shares a code path
 COMPILED = [SeededLaunch.parse(v) for v in ("128/128/64/4/3/swap/tma/gluon", "128/128/64/4/3/tma/gluon",
@@ -138,16 +139,38 @@ def test_an_areg_launch_forms_in_the_wgmma_warps_registers_with_its_wgmmas_pipel
     sass = offline_compile.cuobjdump(compiled.asm["cubin"], "-sass")
     assert not re.search(r"\b(LDL|STL)\b", sass)
     (loop,) = [body for body in offline_compile.loops(sass) if "HGMMA" in body]
-    assert "LDG.E" in loop and "FADD" in loop and "0x80000000" in loop
-    assert not re.search(r"\b(STS|LDS|LDSM)\b", loop)
+    assert "FADD" in loop and "0x80000000" in loop
+    assert not re.search(r"\b(STS|LDS|LDSM|SHFL)\b", loop)
+    # the base pairs in 16-byte loads, a thread's two rows' pairs of a K step and nothing else
+    assert loop.count("LDG.E.128") == launch.block_n * launch.block_k * 2 // (16 * 32 * launch.num_warps)
+    assert not re.search(r"LDG\.E(\.64)? ", loop)
     # a warp's 16 rows an instruction: a 4-warp launch's 128-row tile takes two wgmmas of each 16-wide K slice
     wgmmas = launch.block_n // (16 * launch.num_warps) * launch.block_k // 16
     assert loop.count("HGMMA") == wgmmas and loop.count("WARPGROUP.DEPBAR") == 1, loop
-    # four hashes a thread a K step, a pair's signs by a shift each: about 9 a weight with the wgmma's issue
-    assert forming_cost(launch, None, compiled)["per_element"] < 9.5
+    # a hash a row a K step, a pair's signs by a shift each: under 8 a weight with the wgmma's issue
+    assert forming_cost(launch, None, compiled)["per_element"] < 8
     plain = compile_offline(launch, False, k=3584)
     assert structure(plain, False)["warp_specialized"]
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{FORM_REGS[4]};", plain.asm["ptx"])
+
+
+@pytest.mark.parametrize("block_k", [64, 128])
+def test_fragment_order_gives_each_formed_weight_its_own_column(block_k):
+    """A /areg K step's A tile is its pairs as loaded with a row's [4, block_k / 8] pairs transposed
+    (`_mma_formed_step`'s reshape and permute, done here on float64 weights); against the rows reordered by
+    fragment_order, each weight meets its own column: the tile's product is the weights' by the rows as they are,
+    over two steps and a tail that fragment_order pads with zeros. The control: the rows as they are meet other
+    columns."""
+    g = torch.Generator().manual_seed(0)
+    k = 2 * block_k + 32
+    w = torch.randn(8, k, generator=g, dtype=torch.float64)
+    x = torch.randn(5, k, generator=g, dtype=torch.float64)
+    tiles = F.pad(w, (0, block_k - 32)).reshape(8, 3, block_k // 2, 2)  # the loads: zeros past K
+    tiles = tiles.reshape(8, 3, 4, block_k // 8, 2).permute(0, 1, 3, 2, 4).reshape(8, 3 * block_k)
+    reordered = fragment_order(x, block_k)
+    assert reordered.shape == (5, 3 * block_k) and reordered.is_contiguous()
+    torch.testing.assert_close(reordered @ tiles.T, x @ w.T, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(F.pad(x, (0, block_k - 32)) @ tiles.T, x @ w.T, rtol=1e-3, atol=1e-3)
 
 
 def test_gluon_launches_are_refused_where_they_do_not_apply():

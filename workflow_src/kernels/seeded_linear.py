@@ -115,8 +115,9 @@ class SeededLaunch:
     where the copy of the base tile adds its write and read (96 KB); the same weights and sums. `areg` (after
     /gluon, with /swap; no /ldg or /fN): no forming warps; the launch's wgmma warps load the base tile from global
     memory and form it in registers laid out as the wgmma's A operand, which takes it from there, so only the
-    rows' tile passes through shared memory; a thread forms the pairs of its A fragment (two rows, both words of
-    each), hashing four words where a forming warp's thread hashes one; the same weights and sums.
+    rows' tile passes through shared memory; a thread loads the pairs of its A fragment's rows side by side (16-byte
+    loads, a hash word a row) and the fragment takes them in another K order within each step, in which the launch
+    passes the rows (`fragment_order`): the same weights; the sums in that order.
     `form_warps` (`/fN` after /gluon, N of FORM_WARPS; 4 unless named, and then not written): the Gluon kernel's
     forming warps, a thread forming whole words of one row, the warps over rows (32 a warp) and then over a row's
     words (`form_split`), so a tile must hold a word for every forming thread: block_n at least 32 and

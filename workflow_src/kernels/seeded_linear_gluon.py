@@ -18,8 +18,10 @@ steps:
   and the rounded store of this seed's rows).
 
 A /areg launch runs two partitions: the loader, bringing the rows' tiles alone, and the launch's warps, which
-load each K step's base pairs from global memory into exactly the registers of their wgmma A fragments, form them
-there (the same arithmetic, a pair at a time) and issue the wgmma on them, forming the next step while it runs.
+load each K step's base pairs from global memory into the registers of their wgmma A fragments (a thread's pairs
+of a row side by side in 16-byte loads, taken by the fragment in another K order within the step, in which the
+rows come: `fragment_order`), form them there (the same arithmetic, a pair at a time) and issue the wgmma on them,
+forming the next step while it runs.
 
 A /kN launch splits K as the Triton kernel's does (seeded_linear.py's `_gluon` takes its parts and their width
 from `split_parts` and `part_width`): each program runs only its part's K steps, from the part's first tile and
@@ -43,6 +45,7 @@ import torch
 try:
     import triton
     from triton.experimental import gluon
+    from triton.experimental.gluon import constexpr_function
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
@@ -54,6 +57,9 @@ try:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 except ImportError:  # pragma: no cover - a /gluon launch then raises
     triton = gluon = gl = None
+
+    def constexpr_function(fn):
+        return fn
 
 from workflow_src.kernels.perturb import (
     _fmix32,
@@ -282,36 +288,55 @@ def _mma_partition(x_bufs, f_bufs, x_ready, x_free, f_ready, f_free, k_tiles, ac
     return (acc,)  # warp_specialize hands the default partition's results back as a tuple
 
 
+@constexpr_function
+def _fragment_pairs_layout(block_n, block_k, num_warps):
+    """The layout /areg loads a K step's base pairs [block_n, block_k / 2] in: the rows of each thread's wgmma A
+    fragment (the 32-bit dot-operand layout of `_mma_form_partition`, same lanes, warps and rows), its pairs of a row
+    side by side in memory: a thread's register j of lane q holds pair q·(block_k / 8) + j, where the fragment
+    holds pair q + 4j. Loaded so, a thread's pairs of a row are two 16-byte loads (a warp's, 8 rows of 64
+    contiguous bytes each: 8 lines, all of their bytes used by two loads), and all of them lie in one hash word."""
+    per_thread = block_k // 8
+    regs = [[0, 1 << t] for t in range(per_thread.bit_length() - 1)] + [[8, 0]]
+    warps = [[16 << v, 0] if 16 << v < block_n else [0, 0] for v in range(num_warps.bit_length() - 1)]
+    rows = 16 * num_warps
+    while rows < block_n:  # a warp's rows repeat every 16 · num_warps rows
+        regs.append([rows, 0])
+        rows *= 2
+    return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=[[0, per_thread], [0, 2 * per_thread], [1, 0], [2, 0],
+                                                                  [4, 0]],
+                                      warp_bases=warps, block_bases=[], shape=[block_n, block_k // 2])
+
+
 def _mma_form_partition(x_bufs, x_ready, x_free, k_tiles, w_pairs_ptr, row_word0, words_per_row, seed, sigma_bits,
                         n0, N, K, k0, acc_layout: gl.constexpr, BLOCK_N: gl.constexpr, EVEN: gl.constexpr):
     # /areg: the launch's warps load each K step's base pairs from global memory (two steps ahead), form the
     # seed's tile in registers and hand it to the wgmma as its A operand, so the formed tile never passes through
-    # shared memory: a K step's shared-memory traffic is the rows' tile alone
-    # (its TMA write and the wgmmas' reads), where /ldg adds the formed tile's write and read and /gluon the base
-    # tile's as well. The forming of step i + 1 runs while step i's wgmma does.
+    # shared memory: a K step's shared-memory traffic is the rows' tile alone (its TMA write and the wgmmas'
+    # reads), where /ldg adds the formed tile's write and read and /gluon the base tile's as well. The forming of
+    # step i + 1 runs while step i's wgmma does.
     block_m: gl.constexpr = x_bufs.shape[1]
     block_k: gl.constexpr = x_bufs.shape[2]
-    # Each thread loads and forms exactly the pairs its A fragment holds: the pairs [rows, block_k / 2] as 32-bit
-    # A operand elements of one per register (k_width 1) sit where the bf16 operand's pairs (k_width 2) do, so
-    # the formed tile enters the wgmma with no move at all. (Formed in another layout, the move goes through
-    # shared memory, and ptxas then serializes the wgmmas: its C7513.) A thread's pairs span 2 rows and both
-    # words of a row in each K step, so it hashes 4 words where a whole-word thread hashes 1.
-    pairs_of: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=1)
+    # Each thread loads and forms exactly the pairs of its A fragment, but not in the order the fragment reads
+    # them: a fragment holds pairs q, q + 4, q + 8, … of a row (16-byte pieces, 4 bytes of each), which loaded as
+    # they are would take a 4-byte load each, a warp's touching 8 lines for 32 bytes of each. Loaded as
+    # `_fragment_pairs_layout` lays them, a thread's pairs of a row are contiguous; moved by a permutation of
+    # registers alone into the fragment, they stand at the fragment's K positions q + 4j for the pair loaded as
+    # q · block_k / 8 + j, so the sums run over K in that order within each step: the launch passes the rows' tile
+    # with its columns in the same order (`fragment_order`), and each product meets its own weight.
+    loaded: gl.constexpr = _fragment_pairs_layout(BLOCK_N, block_k, gl.num_warps())
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, pairs_of))
+    rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, loaded))
     row_words = row_word0 + rows.to(gl.uint32) * words_per_row
-    col = gl.arange(0, block_k // 2, layout=gl.SliceLayout(0, pairs_of)).to(gl.uint32)
+    col = gl.arange(0, block_k // 2, layout=gl.SliceLayout(0, loaded)).to(gl.uint32)
+    # a thread's pairs of a row in one word: one hash a row a K step; a pair's signs are shifts (_shifted_sigmas)
     word_at = col // 16
-    # a thread's pairs are not adjacent here, so their signs are shifts (_shifted_sigmas): the whole-word
-    # forming's rotations (one serving two pairs, by amounts a register knows at compile time) would take three
-    # instructions each
     right = 2 * (col % 16)
-    pairs_at, rows_ok, tile_pairs = _ldg_operands(w_pairs_ptr, n0, N, K, k0, BLOCK_N, block_k, pairs_of)
+    pairs_at, rows_ok, tile_pairs = _ldg_operands(w_pairs_ptr, n0, N, K, k0, BLOCK_N, block_k, loaded)
     even, odd, last = _ldg_first(pairs_at, rows_ok, tile_pairs, K, k_tiles, block_k)
     acc = gl.zeros([BLOCK_N, block_m], gl.float32, acc_layout)
     # one step a pass, the two sets of base pairs moved along: a pass of two steps whose second is conditional
-    # (the loop /ldg ran before its loads were coalesced) joins two accumulators, a definition of the next wgmma's
-    # input while one is in flight, and ptxas then serializes them
+    # joins two accumulators, a definition of the next wgmma's input while one is in flight, and ptxas then
+    # serializes them
     for i in range(k_tiles):
         acc = _mma_formed_step(even, i, acc, x_bufs, x_ready, x_free, row_words, word_at, right, seed, sigma_bits,
                                a_layout)
@@ -323,18 +348,20 @@ def _mma_form_partition(x_bufs, x_ready, x_free, k_tiles, w_pairs_ptr, row_word0
 
 def _mma_formed_step(w, i, acc, x_bufs, x_ready, x_free, row_words, word_at, right, seed, sigma_bits,
                      a_layout: gl.constexpr):
-    """K step i of /areg: the tile formed from base pairs `w` (in the A operand's layout) as the wgmma's A operand
-    against the rows' tile, one wgmma left in flight; the previous step's done, its rows' slot goes back to the
-    loader."""
+    """K step i of /areg: the tile formed from base pairs `w` (loaded in `_fragment_pairs_layout`) as the wgmma's
+    A operand against the rows' tile, one wgmma left in flight; the previous step's done, its rows' slot goes back
+    to the loader."""
     stages: gl.constexpr = x_bufs.shape[0]
     block_n: gl.constexpr = w.shape[0]
     half_k: gl.constexpr = w.shape[1]
     words: gl.constexpr = half_k // 16
     hw = _murmur3_word(row_words[:, None] + (i * words + word_at)[None, :], seed)
     lo, hi = _plus_sigmas(w, *_shifted_sigmas(hw, right[None, :], sigma_bits))
-    # each pair's two weights rounded once (to nearest even) and side by side, the tile's K order kept
-    pairs = gl.reshape(gl.join(lo.to(gl.bfloat16), hi.to(gl.bfloat16)), [block_n, 2 * half_k])
-    a = gl.convert_layout(pairs, a_layout, assert_trivial=True)
+    # each pair's two weights rounded once (to nearest even) and side by side; the loaded pair q · half_k / 4 + j
+    # taken to K position q + 4j (a transpose of q and j: the registers' order alone changes)
+    pairs = gl.join(lo.to(gl.bfloat16), hi.to(gl.bfloat16))
+    pairs = gl.permute(gl.reshape(pairs, [block_n, 4, half_k // 4, 2]), (0, 2, 1, 3))
+    a = gl.convert_layout(gl.reshape(pairs, [block_n, 2 * half_k]), a_layout, assert_trivial=True)
     s = i % stages
     mbarrier.wait(x_ready.index(s), (i // stages) & 1)
     acc = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), acc, is_async=True)
@@ -483,6 +510,8 @@ def launch(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, la
     sums [parts, M, N] of K parts `part_k` wide (seeded_linear's `_gluon` adds them)."""
     M, K = x.shape
     N = weight.shape[0]
+    if launch.areg and weight_offset is not None:  # the K order the formed A fragments multiply in
+        x = fragment_order(x, launch.block_k)
     x_desc = TensorDescriptor.from_tensor(x, [launch.block_m, launch.block_k],
                                           shared_layout(launch.block_m, launch.block_k))
     w_desc = TensorDescriptor.from_tensor(weight, [launch.block_n, launch.block_k],
@@ -496,6 +525,17 @@ def launch(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, la
                    PERTURB_W=weight_offset is not None,
                    HAS_BIAS=bias is not None, PERTURB_B=bias is not None and bias_offset is not None, SWAP=launch.swap,
                    STAGES=launch.num_stages, num_warps=launch.num_warps, **partition_constexprs(launch))
+
+
+def fragment_order(x: torch.Tensor, block_k: int) -> torch.Tensor:
+    """x [M, K] with each block_k-wide K step's columns in the order a /areg launch's A fragments hold the formed
+    weights (`_mma_form_partition`): column 2(q + 4j) + e of a step is x's column 2(q · block_k / 8 + j) + e
+    (q < 4, j < block_k / 8, e < 2: the step's pairs as [4, block_k / 8] transposed), K padded with zeros to whole
+    steps, where the tail's weights past K are formed from zeros."""
+    M, K = x.shape
+    if K % block_k:
+        x = torch.nn.functional.pad(x, (0, block_k - K % block_k))
+    return x.view(M, -1, 4, block_k // 8, 2).transpose(2, 3).reshape(M, -1)
 
 
 def compile_offline(launch, perturb: bool, k: int, arch: int = 90, bias: bool = False):
