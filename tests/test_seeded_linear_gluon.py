@@ -203,6 +203,8 @@ def test_gluon_launches_are_refused_where_they_do_not_apply():
             SeededLaunch.parse(bad)
     with pytest.raises(ValueError, match="a word a thread at least"):
         SeededLaunch.parse("64/64/32/8/4/swap/tma/gluon/areg")
+    with pytest.raises(ValueError, match="the same rows twice: widen block_n or take fewer warps"):
+        SeededLaunch.parse("64/64/128/8/3/swap/tma/gluon/areg")
     for v in AREG_LAUNCHES:
         assert str(SeededLaunch.parse(str(v))) == str(v) and v.areg and not v.ldg
     with pytest.raises(ValueError, match="/gluon"):

@@ -110,14 +110,14 @@ class SeededLaunch:
     the forming warps load the base tile from global memory into their registers, a K step ahead and coalesced
     (16 bytes of a row a thread, 8 lanes a row's 128 bytes, the warps all over rows, whatever `form_split` says),
     instead of reading the loader's copy of it in shared memory: per K step a CTA's shared memory then carries the
-    rows' tile
-    in, the formed tile out and both into the wgmma (64 KB at 128/128/64 tiles, as a launch with nothing perturbed),
-    where the copy of the base tile adds its write and read (96 KB); the same weights and sums. `areg` (after
-    /gluon, with /swap; no /ldg or /fN): no forming warps; the launch's wgmma warps load the base tile from global
-    memory and form it in registers laid out as the wgmma's A operand, which takes it from there, so only the
-    rows' tile passes through shared memory; a thread loads the pairs of its A fragment's rows side by side (16-byte
-    loads, a hash word a row) and the fragment takes them in another K order within each step, in which the launch
-    passes the rows (`fragment_order`): the same weights; the sums in that order.
+    rows' tile in, the formed tile out and both into the wgmma (64 KB at 128/128/64 tiles, as a launch with nothing
+    perturbed), where the copy of the base tile adds its write and read (96 KB); the same weights and sums. `areg`
+    (after /gluon, with /swap; no /ldg or /fN; block_n at least 16 × num_warps): no forming warps; the launch's wgmma
+    warps load the base tile from global memory and form it in registers laid out as the wgmma's A operand, which
+    takes it from there, so only the rows' tile passes through shared memory; a thread loads the pairs of its A
+    fragment's rows side by side (16-byte loads, a hash word a row) and the fragment takes them in another K order
+    within each step, in which the launch passes the rows (`fragment_order`): the same weights; the sums in that
+    order.
     `form_warps` (`/fN` after /gluon, N of FORM_WARPS; 4 unless named, and then not written): the Gluon kernel's
     forming warps, a thread forming whole words of one row, the warps over rows (32 a warp) and then over a row's
     words (`form_split`), so a tile must hold a word for every forming thread: block_n at least 32 and
@@ -163,6 +163,10 @@ class SeededLaunch:
         if self.areg and self.block_n * self.block_k // WORD < 32 * self.num_warps:
             raise ValueError(f"seeded linear: launch {self} forms its {self.block_n}×{self.block_k} weight tile in its "
                              f"{self.num_warps} warps (/areg), a word a thread at least: widen block_n or block_k")
+        if self.areg and self.block_n < 16 * self.num_warps:
+            raise ValueError(f"seeded linear: launch {self} forms its weight tile in its {self.num_warps} warps' wgmma "
+                             f"fragments (/areg), 16 rows a warp, so {self.block_n} rows would have warps form and "
+                             "multiply the same rows twice: widen block_n or take fewer warps")
         if self.form_warps != 4 and not self.gluon:
             raise ValueError(f"seeded linear: launch {self} names forming warps (/f{self.form_warps}), which only the "
                              f"Gluon kernel has: add /gluon or drop /f{self.form_warps}")
