@@ -96,12 +96,14 @@ def forming_cost(launch: sl.SeededLaunch, plain, formed) -> dict:
     a K step. A /gluon launch forms in a partition of its own: its forming warps' K loop (the one loop that
     stores to shared memory), whole, over the weights each of them forms per K step; the wgmma warps add
     nothing. A /areg launch forms in the wgmma's warps: their K loop, whole (its wgmma issue and waits too), over
-    the weights each forms per K step."""
+    the weights each forms in the K steps of a pass."""
     if launch.gluon:
         sass = offline_compile.cuobjdump(formed.asm["cubin"], "-sass")
         if launch.areg:
             (loop,) = [body for body in offline_compile.loops(sass) if "HGMMA" in body]
-            weights = launch.block_n * launch.block_k // (32 * launch.num_warps)
+            # a warp's wgmma of each 16-wide K slice a step: its K steps a pass (the loop takes two)
+            steps = loop.count("HGMMA") // (launch.block_k // 16)
+            weights = steps * launch.block_n * launch.block_k // (32 * launch.num_warps)
         else:
             (loop,) = [body for body in offline_compile.loops(sass) if re.search(r"\bSTS\b", body)]
             weights = launch.block_n * launch.block_k // (32 * launch.form_warps)

@@ -112,7 +112,7 @@ class SeededLaunch:
     instead of reading the loader's copy of it in shared memory: per K step a CTA's shared memory then carries the
     rows' tile in, the formed tile out and both into the wgmma (64 KB at 128/128/64 tiles, as a launch with nothing
     perturbed), where the copy of the base tile adds its write and read (96 KB); the same weights and sums. `areg`
-    (after /gluon, with /swap; no /ldg or /fN; block_n at least 16 × num_warps): no forming warps; the launch's wgmma
+    (after /gluon, with /swap; no /ldg or /fN; block_n 16 × num_warps): no forming warps; the launch's wgmma
     warps load the base tile from global memory and form it in registers laid out as the wgmma's A operand, which
     takes it from there, so only the rows' tile passes through shared memory; a thread loads the pairs of its A
     fragment's rows side by side (16-byte loads, a hash word a row) and the fragment takes them in another K order
@@ -163,10 +163,11 @@ class SeededLaunch:
         if self.areg and self.block_n * self.block_k // WORD < 32 * self.num_warps:
             raise ValueError(f"seeded linear: launch {self} forms its {self.block_n}×{self.block_k} weight tile in its "
                              f"{self.num_warps} warps (/areg), a word a thread at least: widen block_n or block_k")
-        if self.areg and self.block_n < 16 * self.num_warps:
+        if self.areg and self.block_n != 16 * self.num_warps:
             raise ValueError(f"seeded linear: launch {self} forms its weight tile in its {self.num_warps} warps' wgmma "
-                             f"fragments (/areg), 16 rows a warp, so {self.block_n} rows would have warps form and "
-                             "multiply the same rows twice: widen block_n or take fewer warps")
+                             f"fragments (/areg), 16 rows a warp, once: block_n must be {16 * self.num_warps} (fewer "
+                             "rows would have warps form and multiply the same rows twice; more, a thread hold two "
+                             "rows' sets of registers twice, which spills)")
         if self.form_warps != 4 and not self.gluon:
             raise ValueError(f"seeded linear: launch {self} names forming warps (/f{self.form_warps}), which only the "
                              f"Gluon kernel has: add /gluon or drop /f{self.form_warps}")

@@ -296,15 +296,12 @@ def _fragment_pairs_layout(block_n, block_k, num_warps):
     holds pair q + 4j. Loaded so, a thread's pairs of a row are two 16-byte loads (a warp's, 8 rows of 64
     contiguous bytes each: 8 lines, all of their bytes used by two loads), and all of them lie in one hash word."""
     per_thread = block_k // 8
-    regs = [[0, 1 << t] for t in range(per_thread.bit_length() - 1)] + [[8, 0]]
-    warps = [[16 << v, 0] if 16 << v < block_n else [0, 0] for v in range(num_warps.bit_length() - 1)]
-    rows = 16 * num_warps
-    while rows < block_n:  # a warp's rows repeat every 16 · num_warps rows
-        regs.append([rows, 0])
-        rows *= 2
-    return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=[[0, per_thread], [0, 2 * per_thread], [1, 0], [2, 0],
-                                                                  [4, 0]],
-                                      warp_bases=warps, block_bases=[], shape=[block_n, block_k // 2])
+    # 16 rows a warp (SeededLaunch holds block_n to 16 · num_warps): rows r and r + 8 a thread
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 1 << t] for t in range(per_thread.bit_length() - 1)] + [[8, 0]],
+        lane_bases=[[0, per_thread], [0, 2 * per_thread], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16 << v, 0] for v in range(num_warps.bit_length() - 1)], block_bases=[],
+        shape=[block_n, block_k // 2])
 
 
 def _mma_form_partition(x_bufs, x_ready, x_free, k_tiles, w_pairs_ptr, row_word0, words_per_row, seed, sigma_bits,
@@ -334,14 +331,24 @@ def _mma_form_partition(x_bufs, x_ready, x_free, k_tiles, w_pairs_ptr, row_word0
     pairs_at, rows_ok, tile_pairs = _ldg_operands(w_pairs_ptr, n0, N, K, k0, BLOCK_N, block_k, loaded)
     even, odd, last = _ldg_first(pairs_at, rows_ok, tile_pairs, K, k_tiles, block_k)
     acc = gl.zeros([BLOCK_N, block_m], gl.float32, acc_layout)
-    # one step a pass, the two sets of base pairs moved along: a pass of two steps whose second is conditional
-    # joins two accumulators, a definition of the next wgmma's input while one is in flight, and ptxas then
-    # serializes them
-    for i in range(k_tiles):
+    # Two steps a pass, each set of base pairs refilled in place once formed (a pass of one step moves the second
+    # set into the first: 16 moves a step at 128/128/64). An odd count's first step runs alone before the loop,
+    # its wgmma waited for there: a conditional step joins two accumulators, a definition of the next wgmma's input,
+    # which ptxas serializes the wgmmas for (its C7513) where one is in flight at the join.
+    first = k_tiles % 2
+    if first == 1:
+        acc = _mma_formed_step(even, 0, acc, x_bufs, x_ready, x_free, row_words, word_at, right, seed, sigma_bits,
+                               a_layout)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        even = odd
+        odd = _ldg_pairs(pairs_at, rows_ok, tile_pairs, K // 2, 2, last, block_k // 2, EVEN)
+    for i in range(first, k_tiles, 2):
         acc = _mma_formed_step(even, i, acc, x_bufs, x_ready, x_free, row_words, word_at, right, seed, sigma_bits,
                                a_layout)
-        even = odd
-        odd = _ldg_pairs(pairs_at, rows_ok, tile_pairs, K // 2, i + 2, last, block_k // 2, EVEN)
+        even = _ldg_pairs(pairs_at, rows_ok, tile_pairs, K // 2, i + 2, last, block_k // 2, EVEN)
+        acc = _mma_formed_step(odd, i + 1, acc, x_bufs, x_ready, x_free, row_words, word_at, right, seed, sigma_bits,
+                               a_layout)
+        odd = _ldg_pairs(pairs_at, rows_ok, tile_pairs, K // 2, i + 3, last, block_k // 2, EVEN)
     acc = warpgroup_mma_wait(0, deps=[acc])
     return (gl.permute(acc, (1, 0)),)
 
