@@ -293,8 +293,9 @@ def _fragment_pairs_layout(block_n, block_k, num_warps):
     """The layout /areg loads a K step's base pairs [block_n, block_k / 2] in: the rows of each thread's wgmma A
     fragment (the 32-bit dot-operand layout of `_mma_form_partition`, same lanes, warps and rows), its pairs of a row
     side by side in memory: a thread's register j of lane q holds pair q·(block_k / 8) + j, where the fragment
-    holds pair q + 4j. Loaded so, a thread's pairs of a row are two 16-byte loads (a warp's, 8 rows of 64
-    contiguous bytes each: 8 lines, all of their bytes used by two loads), and all of them lie in one hash word."""
+    holds pair q + 4j. Loaded so, a thread's pairs of a row are 16-byte loads (at 64-wide K steps two: a warp's
+    load takes the first 16 bytes of every 32 of 8 rows, 8 lines, and its next the rest, from L1), and all of them
+    lie in one hash word."""
     per_thread = block_k // 8
     # 16 rows a warp (SeededLaunch holds block_n to 16 · num_warps): rows r and r + 8 a thread
     return gl.DistributedLinearLayout(
@@ -314,8 +315,8 @@ def _mma_form_partition(x_bufs, x_ready, x_free, k_tiles, w_pairs_ptr, row_word0
     block_m: gl.constexpr = x_bufs.shape[1]
     block_k: gl.constexpr = x_bufs.shape[2]
     # Each thread loads and forms exactly the pairs of its A fragment, but not in the order the fragment reads
-    # them: a fragment holds pairs q, q + 4, q + 8, … of a row (16-byte pieces, 4 bytes of each), which loaded as
-    # they are would take a 4-byte load each, a warp's touching 8 lines for 32 bytes of each. Loaded as
+    # them: a fragment holds pairs q, q + 4, q + 8, … of a row (4 bytes of each 16), which loaded as they are
+    # would take a 4-byte load each, a warp's touching 8 lines for 32 bytes of each. Loaded as
     # `_fragment_pairs_layout` lays them, a thread's pairs of a row are contiguous; moved by a permutation of
     # registers alone into the fragment, they stand at the fragment's K positions q + 4j for the pair loaded as
     # q · block_k / 8 + j, so the sums run over K in that order within each step: the launch passes the rows' tile
