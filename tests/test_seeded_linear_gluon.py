@@ -15,15 +15,18 @@ import torch.nn.functional as F
 
 from workflow_src.bench import offline_compile
 from workflow_src.bench.seeded_linear_compile import forming_cost, structure
+from workflow_src.engine import seeded_weights
+from workflow_src.engine.seeded_weights import SeededWeights
 from workflow_src.kernels.seeded_linear import (
     SeededLaunch,
     SeedRows,
+    fragment_order,
     part_width,
     perturbed,
     seeded_linear,
     split_parts,
 )
-from workflow_src.kernels.seeded_linear_gluon import FORM_REGS, LOAD_REGS, compile_offline, fragment_order
+from workflow_src.kernels.seeded_linear_gluon import FORM_REGS, LOAD_REGS, compile_offline
 
 hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                             reason="needs a Hopper GPU")
@@ -174,6 +177,50 @@ def test_fragment_order_gives_each_formed_weight_its_own_column(block_k):
     assert not torch.allclose(F.pad(x, (0, block_k - 32)) @ tiles.T, x @ w.T, rtol=1e-3, atol=1e-3)
 
 
+def test_rows_in_fragment_order_are_for_a_forming_areg_launch_over_whole_steps():
+    """seeded_linear's `fragment_ordered` is refused before anything runs where the launch would not reorder the
+    rows itself: not /areg, the weight not perturbed, K not whole block_k steps."""
+    areg = AREG_LAUNCHES[0]
+    x, w = torch.zeros(4, 128, dtype=torch.bfloat16), torch.zeros(8, 128, dtype=torch.bfloat16)
+    groups = [SeedRows(0, 4, 1, 0.01)]
+    for launch, offset, k in ((LAUNCHES[0], 0, 128), (areg, None, 128), (areg, 0, 96)):
+        with pytest.raises(ValueError, match="rows in fragment order are for a /areg launch"):
+            seeded_linear(x[:, :k], w[:, :k], None, groups, offset, backend="triton", launch=launch,
+                          fragment_ordered=True)
+
+
+def test_a_population_reorders_rows_once_for_the_linears_that_read_them(monkeypatch):
+    """SeededWeights.linear under a /areg launch hands the seeded linear its rows in fragment order, reordered once
+    for consecutive linears on the same x (a layer's q, k and v; gate and up) and again once x is written in place
+    or another x comes; rows a launch does not reorder (an unperturbed weight, K not whole steps, another launch)
+    go as they are."""
+    taken, orders = [], []
+    monkeypatch.setattr(seeded_weights, "seeded_linear", lambda rows, weight, *a, fragment_ordered, **kw:
+                        taken.append((rows, fragment_ordered)) or rows.new_zeros(rows.shape[0], weight.shape[0]))
+    monkeypatch.setattr(seeded_weights, "fragment_order", lambda rows, block_k: orders.append(block_k) or
+                        fragment_order(rows, block_k))
+    model = torch.nn.ModuleDict({"a": torch.nn.Linear(128, 64), "b": torch.nn.Linear(128, 32),
+                                 "c": torch.nn.Linear(128, 16), "d": torch.nn.Linear(96, 16)}).bfloat16()
+    weights = SeededWeights(model, exclude=["c.*"], backend="triton", launch=AREG_LAUNCHES[0])
+    groups = [SeedRows(0, 2, 1, 0.01)]
+    x = torch.randn(2, 3, 128).bfloat16()
+    for name in ("a", "b", "a"):
+        weights.linear(x, model[name].weight, None, groups)
+    assert orders == [64] and all(ordered for _, ordered in taken)
+    assert taken[0][0] is taken[1][0] is taken[2][0] and torch.equal(taken[0][0], fragment_order(x.reshape(6, 128), 64))
+    x.add_(1)
+    weights.linear(x, model["a"].weight, None, groups)
+    weights.linear(x.clone(), model["b"].weight, None, groups)
+    assert orders == [64] * 3 and torch.equal(taken[-2][0], fragment_order(x.reshape(6, 128), 64))
+    del taken[:]
+    weights.linear(x, model["c"].weight, None, groups)
+    weights.linear(torch.randn(2, 3, 96).bfloat16(), model["d"].weight, None, groups)
+    plain = SeededWeights(model, backend="triton", launch=LAUNCHES[0])
+    plain.linear(x, model["a"].weight, None, groups)
+    assert orders == [64] * 3 and not any(ordered for _, ordered in taken)
+    assert torch.equal(taken[0][0], x.reshape(6, 128)) and torch.equal(taken[2][0], x.reshape(6, 128))
+
+
 def test_gluon_launches_are_refused_where_they_do_not_apply():
     for bad, why in (("128/128/64/4/3/swap/gluon", "takes /tma"), ("128/128/64/2/3/swap/tma/gluon", "multiple of 4"),
                      ("128/128/64/4/3/swap/tma/ws/gluon", "drop those"),
@@ -246,6 +293,27 @@ def test_the_gluon_kernel_forms_the_reconstruct_kernels_weights(launch):
             if parts == 8:
                 assert (parts - 1) * part_width(k, launch.block_k, parts) >= k  # a part of no K steps
         check(torch.bfloat16, 4096, k, launch, device="cuda")
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("launch", AREG_LAUNCHES, ids=str)
+def test_rows_reordered_once_give_the_launchs_own_bits(launch):
+    """A population's linears under /areg (rows reordered once by SeededWeights for two linears on the same x)
+    give the seeded linear's bits with the launch reordering the rows itself, and a repeat gives them again."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    model = torch.nn.ModuleDict({"a": torch.nn.Linear(1024, 200), "b": torch.nn.Linear(1024, 72)})
+    model = model.to(device="cuda", dtype=torch.bfloat16)
+    weights = SeededWeights(model, backend="triton", launch=launch)
+    groups = [SeedRows(0, 3, 3, 0.01), SeedRows(3, 2, 4, -0.02)]
+    x = (torch.randn(5, 7, 1024, generator=g, device="cuda") * 0.5).bfloat16()
+    rows = [SeedRows(r.row0 * 7, r.rows * 7, r.seed, r.sigma) for r in groups]
+    for name in ("a", "b", "a"):
+        lin = model[name]
+        got = weights.linear(x, lin.weight, lin.bias, groups)
+        want = seeded_linear(x.reshape(35, 1024), lin.weight, lin.bias, rows, weights.offset(lin.weight),
+                             weights.offset(lin.bias), backend="triton", launch=launch)
+        assert torch.equal(got.reshape(35, -1), want)
 
 
 @pytest.mark.gpu

@@ -6,7 +6,8 @@ the base weights beat S single-seed steps.
 
 One decoder layer's seven linears (q, k, v with their biases, o, gate, up, down) at the shape's sizes in bf16
 (fp32 on the CPU), `--rows` rows per seed (a seed's slots in a population decode step), for each S of
-`--seeds-per-step`. Each repeat times, as the median of `--reps` calls between CUDA events (wall clock on the CPU):
+`--seeds-per-step`; q, k and v read the same rows, as gate and up do (a /areg launch forming the weights takes
+each input reordered once a layer, timed with it, as the population decode reorders them). Each repeat times, as the median of `--reps` calls between CUDA events (wall clock on the CPU):
 - `formed_ms`: every seed's rows through torch's F.linear on that seed's weights formed beforehand (the GEMMs of
   S single-seed decode steps: each seed's weights read once per seed);
 - per launch of `--launches` (kernels/seeded_linear.py's SeededLaunch): `unperturbed_ms`, the seeded kernel with
@@ -43,6 +44,7 @@ from workflow_src.kernels.seeded_linear import (
     DEFAULT_LAUNCH,
     SeededLaunch,
     SeedRows,
+    fragment_order,
     perturbed,
     seeded_linear,
     sign_words_table,
@@ -54,6 +56,9 @@ SHAPES = SHORT_NAMES
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1}
 SIGMA = 1e-3
 SCHEME = "speedproof-v2"
+# which of a decoder layer's inputs each linear reads
+INPUT_OF = {"q_proj": "attention", "k_proj": "attention", "v_proj": "attention", "o_proj": "attended",
+            "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "gated"}
 
 
 def layer_linears(shape: str, tiny: bool, device: str, dtype: torch.dtype, seed: int = 0) -> list[dict]:
@@ -100,9 +105,11 @@ def measure(linears: list[dict], seeds_per_step: list[int], rows: int, launches:
                   for lin in linears] for s in seeds}
     out: dict = {}
     for per_step in seeds_per_step:
-        x = {lin["name"]: (torch.randn(per_step * rows, lin["weight"].shape[1],
-                                       generator=torch.Generator(device=device).manual_seed(seed), device=device)
-                           * 0.5).to(dtype) for lin in linears}
+        # a layer's inputs: q, k and v read the same rows, as do gate and up
+        inputs = {into: (torch.randn(per_step * rows, lin["weight"].shape[1],
+                                     generator=torch.Generator(device=device).manual_seed(seed), device=device)
+                         * 0.5).to(dtype) for lin in linears for into in [INPUT_OF[lin["name"]]]}
+        x = {lin["name"]: inputs[INPUT_OF[lin["name"]]] for lin in linears}
         groups = [SeedRows(i * rows, rows, s, SIGMA) for i, s in enumerate(seeds[:per_step])]
 
         def formed_layer():
@@ -116,11 +123,17 @@ def measure(linears: list[dict], seeds_per_step: list[int], rows: int, launches:
                      for lin in linears} if launch.words and perturb else {}
             plain = replace(launch, words=False) if not perturb else launch
 
+            # a /areg launch forming the weights takes each input's rows reordered once, as the population
+            # decode does (engine/seeded_weights.py): the reorders are timed with the layer
+            ordered = plain.areg and perturb and all(lin["weight"].shape[1] % plain.block_k == 0 for lin in linears)
+
             def run():
+                rows = {into: fragment_order(t, plain.block_k) for into, t in inputs.items()} if ordered else {}
                 for lin in linears:
-                    seeded_linear(x[lin["name"]], lin["weight"], lin["bias"], groups,
+                    seeded_linear(rows.get(INPUT_OF[lin["name"]], x[lin["name"]]), lin["weight"], lin["bias"], groups,
                                   lin["weight_offset"] if perturb else None, lin["bias_offset"] if perturb else None,
-                                  scheme=SCHEME, backend="triton", launch=plain, words=words.get(lin["name"]))
+                                  scheme=SCHEME, backend="triton", launch=plain, words=words.get(lin["name"]),
+                                  fragment_ordered=ordered)
             return run
 
         def timed(fn) -> dict:

@@ -48,6 +48,7 @@ from workflow_src.kernels.seeded_linear import (
     SeededLaunch,
     SeedRows,
     SeedTables,
+    fragment_order,
     perturbed,
     population_tables,
     seeded_linear,
@@ -121,6 +122,7 @@ class SeededWeights:
         self._scratch_numel = {rank: max((p.numel() for p in params.values() if p.dim() == rank), default=0)
                                for rank in (1, 2)}
         self._scratch: dict = {}
+        self._ordered: tuple | None = None  # the last rows a /areg launch took, and them in fragment order
 
     def offset(self, t: torch.Tensor | None) -> int | None:
         """The global index of t's first element, or None where t is not perturbed (or None)."""
@@ -130,18 +132,35 @@ class SeededWeights:
                groups: list[SeedRows] | SortedRows) -> torch.Tensor:
         """F.linear of x [B, ..., K] whose batch rows fall into `groups`, each with its seed's weight and bias."""
         lead, k = x.shape[:-1], x.shape[-1]
+        offset = self.offset(weight)
+        rows, ordered = self._rows(x, offset)
         if isinstance(groups, SortedRows):
             if x.shape[0] and x[0].numel() != k:
                 raise ValueError(f"population decode: sorted rows are one position each (a decode step's), got x "
                                  f"of shape {tuple(x.shape)}")
-            y = seeded_linear(x.reshape(-1, k), weight, bias, groups.tables, self.offset(weight), self.offset(bias),
-                              scheme=self.scheme, backend=self.backend, launch=self.launch)
+            y = seeded_linear(rows, weight, bias, groups.tables, offset, self.offset(bias), scheme=self.scheme,
+                              backend=self.backend, launch=self.launch, fragment_ordered=ordered)
             return y.view(*lead, weight.shape[0])
         per_row = x[0].numel() // k if x.shape[0] else 1  # positions of a batch row
         flat = [SeedRows(g.row0 * per_row, g.rows * per_row, g.seed, g.sigma) for g in groups]
-        y = seeded_linear(x.reshape(-1, k), weight, bias, flat, self.offset(weight), self.offset(bias),
-                          scheme=self.scheme, backend=self.backend, launch=self.launch)
+        y = seeded_linear(rows, weight, bias, flat, offset, self.offset(bias), scheme=self.scheme,
+                          backend=self.backend, launch=self.launch, fragment_ordered=ordered)
         return y.view(*lead, weight.shape[0])
+
+    def _rows(self, x: torch.Tensor, offset: int | None) -> tuple[torch.Tensor, bool]:
+        """x's rows [-1, K] for a linear at `offset`, and whether they come in fragment order: a /areg launch forming
+        its weight takes them so (kernels/seeded_linear.py's `fragment_order`, K whole steps), and a layer's q, k
+        and v projections read the same x, as do its gate and up: reordered once, for the first of them. The same
+        x is the same tensor, not yet written (its version counter, which every in-place write moves on), and
+        held here, so no other tensor takes its memory meanwhile; a CUDA graph captured over those linears
+        replays the one reorder."""
+        rows = x.reshape(-1, x.shape[-1])
+        launch = self.launch
+        if not (self.backend == "triton" and launch.areg and offset is not None and x.shape[-1] % launch.block_k == 0):
+            return rows, False
+        if self._ordered is None or self._ordered[0] is not x or self._ordered[1] != x._version:
+            self._ordered = (x, x._version, fragment_order(rows, launch.block_k))
+        return self._ordered[2], True
 
     def formed_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                       group: SeedRows) -> torch.Tensor:

@@ -297,12 +297,18 @@ def perturbed(base: torch.Tensor, seed: int, sigma: float, offset: int, scheme: 
 def seeded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   groups: list[SeedRows] | SeedTables, weight_offset: int, bias_offset: int | None = None,
                   scheme: str = "speedproof-v2", backend: str = "reference", interpret: bool | None = None,
-                  launch: SeededLaunch = DEFAULT_LAUNCH, words: torch.Tensor | None = None) -> torch.Tensor:
+                  launch: SeededLaunch = DEFAULT_LAUNCH, words: torch.Tensor | None = None,
+                  fragment_ordered: bool = False) -> torch.Tensor:
     """y [M, N] of x [M, K] for base weight [N, K] and base bias [N] (or None) at global index offsets
     `weight_offset` and `bias_offset` (noise.layout's; a parameter left unperturbed is passed as
     `weight_offset=None` / `bias_offset=None` and used as it is). `groups`: SeedRows on the host, or SeedTables
     on the device (the grid then fixed by M alone: G × cdiv(M, block_m) row tiles). `launch`: the triton
-    backend's; with its `words`, `words` is the groups' table of the weight's hash words (`sign_words_table`)."""
+    backend's; with its `words`, `words` is the groups' table of the weight's hash words (`sign_words_table`).
+    `fragment_ordered`: x's columns come already in a /areg launch's fragment order (`fragment_order`; K whole
+    block_k steps), for a caller whose linears read the same rows to reorder them once."""
+    if fragment_ordered and not (launch.areg and weight_offset is not None and x.shape[1] % launch.block_k == 0):
+        raise ValueError(f"seeded linear: rows in fragment order are for a /areg launch forming its weight, K whole "
+                         f"steps (launch {launch}, K {x.shape[1]}, weight offset {weight_offset})")
     schemes.check_scheme(scheme)
     if backend not in BACKENDS:
         raise ValueError(f"seeded linear: backend {backend!r}; known: {list(BACKENDS)}")
@@ -336,7 +342,8 @@ def seeded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         _check_gluon(launch, x, weight, weight_offset, words, resolve_interpret(x, interpret))
         x, weight = x.contiguous(), weight.contiguous()
         require_aligned_rows(launch, x, weight, "/gluon")
-        return _gluon(x, weight, bias, *_tables_and_tiles(groups, x, launch), weight_offset, bias_offset, launch)
+        return _gluon(x, weight, bias, *_tables_and_tiles(groups, x, launch), weight_offset, bias_offset, launch,
+                      fragment_ordered)
     if launch.words:
         check_words(words, weight, groups, weight_offset)
     elif words is not None:
@@ -609,13 +616,16 @@ def _triton(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, i
     return y
 
 
-def _gluon(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, launch: SeededLaunch) -> torch.Tensor:
+def _gluon(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, launch: SeededLaunch,
+           fragment_ordered: bool) -> torch.Tensor:
     """The /gluon launch over `tables`, as `_triton`'s: a /kN launch split into the same parts, their partial sums
-    added by the same add_parts."""
+    added by the same add_parts. A /areg launch forming the weight takes x in its fragment order."""
     # its own module: Gluon and its Hopper kernel are loaded only for a /gluon launch
     from workflow_src.kernels import seeded_linear_gluon
     M, K = x.shape
     N = weight.shape[0]
+    if launch.areg and weight_offset is not None and not fragment_ordered:
+        x = fragment_order(x, launch.block_k)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     parts = split_parts(len(tables[0]) * m_tiles * triton.cdiv(N, launch.block_n), triton.cdiv(K, launch.block_k),
                         launch.split_k)
@@ -625,6 +635,17 @@ def _gluon(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, la
     if parts > 1:
         add_parts(out, y, False)
     return y
+
+
+def fragment_order(x: torch.Tensor, block_k: int) -> torch.Tensor:
+    """x [M, K] with each block_k-wide K step's columns in the order a /areg launch's wgmma A fragments hold the
+    formed weights (kernels/seeded_linear_gluon.py's `_mma_form_partition`): column 2(q + 4j) + e of a step is x's
+    column 2(q · block_k / 8 + j) + e (q < 4, j < block_k / 8, e < 2: the step's pairs as [4, block_k / 8],
+    transposed), K padded with zeros to whole steps, where the tail's weights past K are formed from zeros."""
+    M, K = x.shape
+    if K % block_k:
+        x = F.pad(x, (0, block_k - K % block_k))
+    return x.view(M, -1, 4, block_k // 8, 2).transpose(2, 3).reshape(M, -1)
 
 
 def add_parts_reference(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

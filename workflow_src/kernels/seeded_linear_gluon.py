@@ -20,8 +20,8 @@ steps:
 A /areg launch runs two partitions: the loader, bringing the rows' tiles alone, and the launch's warps, which
 load each K step's base pairs from global memory into the registers of their wgmma A fragments (a thread's pairs
 of a row side by side in 16-byte loads, taken by the fragment in another K order within the step, in which the
-rows come: `fragment_order`), form them there (the same arithmetic, a pair at a time) and issue the wgmma on them,
-forming the next step while it runs.
+rows come: kernels/seeded_linear.py's `fragment_order`), form them there (the same arithmetic, a pair at a time)
+and issue the wgmma on them, forming the next step while it runs.
 
 A /kN launch splits K as the Triton kernel's does (seeded_linear.py's `_gluon` takes its parts and their width
 from `split_parts` and `part_width`): each program runs only its part's K steps, from the part's first tile and
@@ -319,8 +319,8 @@ def _mma_form_partition(x_bufs, x_ready, x_free, k_tiles, w_pairs_ptr, row_word0
     # would take a 4-byte load each, a warp's touching 8 lines for 32 bytes of each. Loaded as
     # `_fragment_pairs_layout` lays them, a thread's pairs of a row are contiguous; moved by a permutation of
     # registers alone into the fragment, they stand at the fragment's K positions q + 4j for the pair loaded as
-    # q · block_k / 8 + j, so the sums run over K in that order within each step: the launch passes the rows' tile
-    # with its columns in the same order (`fragment_order`), and each product meets its own weight.
+    # q · block_k / 8 + j, so the sums run over K in that order within each step: the rows' tile comes with its
+    # columns in the same order (seeded_linear.py's `fragment_order`), and each product meets its own weight.
     loaded: gl.constexpr = _fragment_pairs_layout(BLOCK_N, block_k, gl.num_warps())
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, loaded))
@@ -515,11 +515,10 @@ def launch(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, la
     """kernels/seeded_linear.py's seeded_linear through the Gluon kernel into `out`, the checks made there (x and
     weight contiguous, their rows aligned for the descriptors): `tables` its group_tables (row0, rows, seed, σ of
     each group), `m_tiles` the row tiles of the largest group; `out` y [M, N], or a split launch's fp32 partial
-    sums [parts, M, N] of K parts `part_k` wide (seeded_linear's `_gluon` adds them)."""
-    M, K = x.shape
-    N = weight.shape[0]
-    if launch.areg and weight_offset is not None:  # the K order the formed A fragments multiply in
-        x = fragment_order(x, launch.block_k)
+    sums [parts, M, N] of K parts `part_k` wide (seeded_linear's `_gluon` adds them). A /areg launch forming the
+    weight takes x's columns in its fragments' order (seeded_linear's `fragment_order`, K whole steps)."""
+    M = x.shape[0]
+    N, K = weight.shape  # a /areg launch's rows may be padded to whole steps
     x_desc = TensorDescriptor.from_tensor(x, [launch.block_m, launch.block_k],
                                           shared_layout(launch.block_m, launch.block_k))
     w_desc = TensorDescriptor.from_tensor(weight, [launch.block_n, launch.block_k],
@@ -533,17 +532,6 @@ def launch(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, la
                    PERTURB_W=weight_offset is not None,
                    HAS_BIAS=bias is not None, PERTURB_B=bias is not None and bias_offset is not None, SWAP=launch.swap,
                    STAGES=launch.num_stages, num_warps=launch.num_warps, **partition_constexprs(launch))
-
-
-def fragment_order(x: torch.Tensor, block_k: int) -> torch.Tensor:
-    """x [M, K] with each block_k-wide K step's columns in the order a /areg launch's A fragments hold the formed
-    weights (`_mma_form_partition`): column 2(q + 4j) + e of a step is x's column 2(q · block_k / 8 + j) + e
-    (q < 4, j < block_k / 8, e < 2: the step's pairs as [4, block_k / 8] transposed), K padded with zeros to whole
-    steps, where the tail's weights past K are formed from zeros."""
-    M, K = x.shape
-    if K % block_k:
-        x = torch.nn.functional.pad(x, (0, block_k - K % block_k))
-    return x.view(M, -1, 4, block_k // 8, 2).transpose(2, 3).reshape(M, -1)
 
 
 def compile_offline(launch, perturb: bool, k: int, arch: int = 90, bias: bool = False):
