@@ -53,6 +53,9 @@ def test_the_config_refuses_launches_the_kernel_cannot_take():
     words = resolve("evidence", {"engine_bench": {"seeded_launch": "32/64/64/4/3/words"},
                                  "seeded_linear_bench": {"launches": ["32/64/64/4/3", "32/64/64/4/3/words"]}})
     assert [p.split(":")[0] for p in evidence_problems({"evidence": words})] == ["evidence.engine_bench.seeded_launch"]
+    cpu = resolve("evidence", {"seeded_linear_bench": {"per_linear": True, "device": "cpu"}})
+    assert evidence_problems({"evidence": cpu}) == [
+        "evidence.seeded_linear_bench.per_linear times CUDA graphs' replays: it needs device cuda"]
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +100,7 @@ def test_the_target_times_every_seed_count_and_launch_and_claims_them(bench_run)
 
 def test_the_bench_and_its_record_refuse_bad_input(tmp_path, capsys):
     for argv, match in [(["--seeds-per-step", "2", "4"], "must include 1"), (["--launches", "64/64/48/4/3"], "block_k"),
-                        (["--rows", "0"], "must be >= 1")]:
+                        (["--rows", "0"], "must be >= 1"), (["--per-linear"], "needs --device cuda")]:
         with pytest.raises(SystemExit):
             bench.main(["--out", str(tmp_path / "x.json"), "--tiny", "--device", "cpu", *argv])
         assert match in capsys.readouterr().err
@@ -122,6 +125,50 @@ def test_the_layers_replayed_as_graphs_are_claimed_beside_the_calls():
     assert got["b.S2.64-64-64-4-3.speedup_over_one_seed_in_graph"] == [1.5, 1.25]
     assert got["b.S2.64-64-64-4-3.gemm_over_formed_in_graph"] == [0.25, 0.5]
     assert got["b.S2.64-64-64-4-3.seeded_ms"] == [0.7, 0.8]
+
+
+def test_each_linear_alone_is_claimed_at_the_smallest_and_largest_s():
+    """A run with --per-linear: at the smallest S each launch's linears with nothing perturbed over the library's,
+    at the largest its formed linears over S seeds' F.linear, each repeat by repeat, and the library's own times;
+    S between them and a run without it claim none."""
+    def per_linear(q, down):
+        return {"per_linear_in_graph": {"q_proj": bench.spread(q), "down_proj": bench.spread(down)}}
+
+    def row(formed, unperturbed, seeded):
+        launch = {"unperturbed": {**bench.spread([1.0, 1.0]), **unperturbed},
+                  "seeded": {**bench.spread([1.0, 1.0]), **seeded}}
+        return {"formed": {**bench.spread([1.0, 1.0]), "floor": {"ms": 0.1, "bound": "bytes"}, **formed},
+                "floor_seeded": {"ms": 0.1, "bound": "bytes"}, "launches": {"64/64/64/4/3": launch}}
+    timed = per_linear([0.1, 0.2], [0.4, 0.5])
+    doc = {"format": evidence.SEEDED_LINEAR_FORMAT, "args": {"shape": "7B", "tiny": False, "rows": 128},
+           "dtype": "bfloat16", "scheme": "speedproof-v2", "sigma": 1e-3,
+           "seeds_per_step": {"1": row(timed, per_linear([0.2, 0.2], [0.8, 1.0]), timed),
+                              "2": row(timed, timed, timed),
+                              "8": row(timed, timed, per_linear([0.05, 0.3], [0.2, 1.0]))}}
+    got = {c["id"]: c["values"] for c in evidence.seeded_linear_claims("b", [doc])}
+    assert got["b.S1.64-64-64-4-3.q_proj.gemm_over_formed_in_graph"] == [2.0, 1.0]
+    assert got["b.S1.64-64-64-4-3.down_proj.gemm_over_formed_in_graph"] == [2.0, 2.0]
+    assert got["b.S8.64-64-64-4-3.q_proj.seeded_over_formed_in_graph"] == pytest.approx([0.5, 1.5])
+    assert got["b.S8.down_proj.formed_in_graph_ms"] == [0.4, 0.5] and "b.S1.q_proj.formed_in_graph_ms" in got
+    assert not [i for i in got if i.startswith("b.S2.") and "proj" in i]
+    assert not [i for i in got if "S8" in i and "gemm_over" in i] + [i for i in got if "S1" in i and "seeded_over" in i]
+    for r in doc["seeds_per_step"].values():
+        r["formed"].pop("per_linear_in_graph")
+    assert not [c for c in evidence.seeded_linear_claims("b", [doc]) if "proj" in c["id"]]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_gpu_each_linear_alone_is_timed_as_a_graph_replay():
+    linears = bench.layer_linears("0.5B", True, "cuda", torch.bfloat16)
+    measured = bench.ceilings("cuda", torch.bfloat16)
+    out = bench.measure(linears, [1, 2], 16, [SeededLaunch(16, 64, 64, 4, 3)], 2, 3, "cuda", measured,
+                        per_linear=True)
+    for row in out.values():
+        res = row["launches"]["16/64/64/4/3"]
+        for times in (row["formed"], res["unperturbed"], res["seeded"]):
+            assert list(times["per_linear_in_graph"]) == [lin["name"] for lin in linears]
+            assert all(len(t["ms_runs"]) == 2 and t["ms"] > 0 for t in times["per_linear_in_graph"].values())
 
 
 @pytest.mark.gpu
@@ -152,3 +199,4 @@ def test_the_short_preset_plans_its_nine_launches(tmp_path):
             "128/128/64/8/4/swap/tma/gluon 128/128/64/8/4/swap/tma/gluon/f8 128/128/64/8/4/swap/tma/gluon/f8/k8 "
             "128/128/64/8/4/swap/tma/gluon/ldg 128/128/64/8/4/swap/tma/gluon/ldg/f8 "
             "128/128/64/8/4/swap/tma/gluon/areg 128/128/128/8/3/swap/tma/gluon/areg --repeats") in proc.stdout
+    assert "--device cuda --per-linear" in proc.stdout

@@ -177,6 +177,8 @@ def evidence_problems(config: dict[str, Any]) -> list[str]:
     if 1 not in linears["seeds_per_step"]:
         problems.append(f"evidence.seeded_linear_bench.seeds_per_step {linears['seeds_per_step']}: include 1, the "
                         "single seed the others are compared with")
+    if linears["per_linear"] and linears["device"] != "cuda":
+        problems.append("evidence.seeded_linear_bench.per_linear times CUDA graphs' replays: it needs device cuda")
     extra = sorted(set(bench["population_engines"] or []) - set(bench["engines"]))
     if extra:
         problems.append(f"evidence.engine_bench.population_engines: {', '.join(extra)} not among "

@@ -194,8 +194,7 @@ class Targets:
         s = self.config["evidence"]["seeded_linear_bench"]
         flags = ["--shape", s["shape"], "--seeds-per-step", *s["seeds_per_step"], "--rows", s["rows"], "--launches",
                  *s["launches"], "--repeats", s["repeats"], "--reps", s["reps"], "--device", s["device"]]
-        if s["tiny"]:
-            flags.append("--tiny")
+        flags += ["--tiny"] * s["tiny"] + ["--per-linear"] * s["per_linear"]
         return " ".join(shlex.quote(str(f)) for f in flags)
 
     def switch_bench_runs(self) -> list[str]:

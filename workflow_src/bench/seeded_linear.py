@@ -24,7 +24,9 @@ layer's bytes (weights once for the seeded kernel, once per seed for `formed`; r
 `speedup_over_one_seed` = S × `formed_ms` at S = 1 over `seeded_ms`, repeat by repeat (above 1: S seeds together
 take less than S steps of one seed), and on a GPU `speedup_over_one_seed_in_graph`, the same of the graphs' times.
 On a GPU, `gemm_over_formed_in_graph` sets each launch's GEMMs alone (nothing perturbed) against `formed` at the
-same S, both graphs, repeat by repeat: the kernel's matrix rate against the library's on the same rows.
+same S, both graphs, repeat by repeat: the kernel's matrix rate against the library's on the same rows. With
+`--per-linear` (a GPU's), each of `formed`, `unperturbed` and `seeded` also times each linear alone as a graph's
+replay (`per_linear_in_graph`; a /areg launch's with its rows' reorder): which linear the layer's time goes to.
 """
 
 from __future__ import annotations
@@ -96,8 +98,9 @@ def layer_floor_ms(linears: list[dict], rows: int, weight_reads: int, measured: 
 
 
 def measure(linears: list[dict], seeds_per_step: list[int], rows: int, launches: list[SeededLaunch], repeats: int,
-            reps: int, device: str, measured: dict, seed: int = 1) -> dict:
-    """Every S's and launch's times (module doc), each repeat's median of `reps` calls, and their floors."""
+            reps: int, device: str, measured: dict, seed: int = 1, per_linear: bool = False) -> dict:
+    """Every S's and launch's times (module doc), each repeat's median of `reps` calls, and their floors;
+    `per_linear` (CUDA): each linear alone as well, as a CUDA graph's replay."""
     seeds = list(range(1, max(seeds_per_step) + 1))
     dtype = linears[0]["weight"].dtype
     formed = {s: [(perturbed(lin["weight"], s, SIGMA, lin["weight_offset"], SCHEME),
@@ -112,29 +115,39 @@ def measure(linears: list[dict], seeds_per_step: list[int], rows: int, launches:
         x = {lin["name"]: inputs[INPUT_OF[lin["name"]]] for lin in linears}
         groups = [SeedRows(i * rows, rows, s, SIGMA) for i, s in enumerate(seeds[:per_step])]
 
-        def formed_layer():
-            for i, s in enumerate(seeds[:per_step]):
-                for lin, (w, b) in zip(linears, formed[s]):
-                    F.linear(x[lin["name"]][i * rows:(i + 1) * rows], w, b)
+        def formed_layer(only: list[dict] = linears):
+            names = {lin["name"] for lin in only}
 
-        def seeded_layer(launch: SeededLaunch, perturb: bool):
+            def run():
+                for i, s in enumerate(seeds[:per_step]):
+                    for lin, (w, b) in zip(linears, formed[s]):
+                        if lin["name"] in names:
+                            F.linear(x[lin["name"]][i * rows:(i + 1) * rows], w, b)
+            return run
+
+        def seeded_layer(launch: SeededLaunch, perturb: bool, only: list[dict] = linears):
             # a /words launch reads each seed's hash words from tables made here, outside the timed calls
             words = {lin["name"]: sign_words_table(lin["weight"], groups, lin["weight_offset"])
-                     for lin in linears} if launch.words and perturb else {}
+                     for lin in only} if launch.words and perturb else {}
             plain = replace(launch, words=False) if not perturb else launch
-
             # a /areg launch forming the weights takes each input's rows reordered once, as the population
             # decode does (engine/seeded_weights.py): the reorders are timed with the layer
             ordered = plain.areg and perturb and all(lin["weight"].shape[1] % plain.block_k == 0 for lin in linears)
+            reads = {INPUT_OF[lin["name"]] for lin in only}
 
             def run():
-                rows = {into: fragment_order(t, plain.block_k) for into, t in inputs.items()} if ordered else {}
-                for lin in linears:
+                rows = {into: fragment_order(inputs[into], plain.block_k) for into in reads} if ordered else {}
+                for lin in only:
                     seeded_linear(rows.get(INPUT_OF[lin["name"]], x[lin["name"]]), lin["weight"], lin["bias"], groups,
                                   lin["weight_offset"] if perturb else None, lin["bias_offset"] if perturb else None,
                                   scheme=SCHEME, backend="triton", launch=plain, words=words.get(lin["name"]),
                                   fragment_ordered=ordered)
             return run
+
+        def alone(make) -> dict:
+            # each linear alone (with its rows' reorder under /areg), as a graph's replay
+            return {lin["name"]: spread([graph_timed_ms(make([lin]), reps) for _ in range(repeats)])
+                    for lin in linears}
 
         def timed(fn) -> dict:
             doc = spread([statistics.median(times_ms(fn, device, reps)) for _ in range(repeats)])
@@ -142,15 +155,20 @@ def measure(linears: list[dict], seeds_per_step: list[int], rows: int, launches:
                 doc["in_graph"] = spread([graph_timed_ms(fn, reps) for _ in range(repeats)])
             return doc
 
-        row = {"rows": per_step * rows, "formed": {**timed(formed_layer),
+        row = {"rows": per_step * rows, "formed": {**timed(formed_layer()),
                                                    "floor": layer_floor_ms(linears, per_step * rows, per_step, measured)},
                "floor_seeded": layer_floor_ms(linears, per_step * rows, 1, measured), "launches": {}}
+        if per_linear:
+            row["formed"]["per_linear_in_graph"] = alone(formed_layer)
         for launch in launches:
             res = row["launches"][str(launch)] = {"unperturbed": timed(seeded_layer(launch, False)),
                                                   "seeded": timed(seeded_layer(launch, True))}
             if "in_graph" in row["formed"]:  # the kernel's GEMMs against the library's on the same rows
                 plain, library = res["unperturbed"]["in_graph"]["ms_runs"], row["formed"]["in_graph"]["ms_runs"]
                 res["gemm_over_formed_in_graph"] = [u / f for u, f in zip(plain, library)]
+            if per_linear:
+                for key, perturb in (("unperturbed", False), ("seeded", True)):
+                    res[key]["per_linear_in_graph"] = alone(lambda only: seeded_layer(launch, perturb, only))
             # as each is measured: a run stopped by its time limit still shows (in its log) how far it got
             print(f"measured S={per_step} {launch}: {_times(row['formed'], res)}", flush=True)
         out[str(per_step)] = row
@@ -192,6 +210,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=20, help="calls per repeat (their median is the repeat's time)")
     parser.add_argument("--tiny", action="store_true", help="a stand-in of the shape a few hundred wide (CPU tests)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--per-linear", action="store_true",
+                        help="also time each linear alone as a CUDA graph's replay (CUDA only)")
     args = parser.parse_args(argv)
     try:
         launches = [SeededLaunch.parse(v) for v in args.launches]
@@ -202,6 +222,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.rows < 1 or args.repeats < 1 or args.reps < 1:
         parser.error("--rows, --repeats and --reps must be >= 1")
     cuda = args.device == "cuda"
+    if args.per_linear and not cuda:
+        parser.error("--per-linear times CUDA graphs' replays: it needs --device cuda")
     dtype = torch.bfloat16 if cuda else torch.float32
     linears = layer_linears(args.shape, args.tiny, args.device, dtype)
     measured = ceilings(args.device, dtype)
@@ -210,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
            "dtype": str(dtype).removeprefix("torch."), "scheme": SCHEME, "sigma": SIGMA, "ceilings": measured,
            "linears": {lin["name"]: list(lin["weight"].shape) for lin in linears},
            "seeds_per_step": measure(linears, sorted(set(args.seeds_per_step)), args.rows, launches, args.repeats,
-                                     args.reps, args.device, measured)}
+                                     args.reps, args.device, measured, per_linear=args.per_linear)}
     for per_step, row in doc["seeds_per_step"].items():
         for launch, res in row["launches"].items():
             graph = res.get("speedup_over_one_seed_in_graph")

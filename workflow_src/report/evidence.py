@@ -451,6 +451,31 @@ def seeded_linear_claims(prefix: str, raws: Sequence[Mapping[str, Any]]) -> list
                              "F.linear on weights formed beforehand, as one CUDA graph's replay: the device time "
                              "inside a captured decode step", "ms",
                              row["formed"]["in_graph"]["ms_runs"]))
+    return out + _per_linear_claims(prefix, bench["seeds_per_step"])
+
+
+def _per_linear_claims(prefix: str, rows: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Where a layer's time goes, linear by linear (a bench run with --per-linear): at the smallest S each launch's
+    GEMMs alone against the library's, at the largest its formed linears against S seeds' F.linear."""
+    steps = sorted(rows, key=int)
+    out = []
+    for per_step, mine, over in ((steps[0], "unperturbed", "gemm_over_formed_in_graph"),
+                                 (steps[-1], "seeded", "seeded_over_formed_in_graph")):
+        formed = rows[per_step]["formed"].get("per_linear_in_graph")
+        if formed is None:
+            continue
+        for name, times in formed.items():
+            out.append(claim(f"{prefix}.S{per_step}.{name}.formed_in_graph_ms", f"{per_step} seed(s)' rows through "
+                             f"F.linear on the {name} weights formed beforehand, alone, as one CUDA graph's replay",
+                             "ms", times["ms_runs"]))
+            for launch, res in sorted(rows[per_step]["launches"].items()):
+                what = "with nothing perturbed (its GEMMs alone)" if mine == "unperturbed" else "forming the weights"
+                out.append(claim(f"{prefix}.S{per_step}.{launch.replace('/', '-')}.{name}.{over}",
+                                 f"the seeded kernel's {name} (launch {launch}) {what} over F.linear on formed "
+                                 f"weights for the same rows ({per_step} seed(s)), each alone as a CUDA graph's "
+                                 "replay, repeat by repeat", "×",
+                                 [m / f for m, f in zip(res[mine]["per_linear_in_graph"][name]["ms_runs"],
+                                                        times["ms_runs"])]))
     return out
 
 
