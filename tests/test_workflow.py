@@ -180,10 +180,12 @@ def test_population_presets_plan_the_bench_with_several_seeds_per_step_and_the_a
     (["engine-bench-7b-population-gluon.yaml"], "128/128/64/8/4/swap/tma/gluon", "engine-bench-population-gluon"),
     (["engine-bench-7b-population-gluon.yaml", "engine-bench-7b-population-gluon-f8.yaml"],
      "128/128/64/8/4/swap/tma/gluon/f8", "engine-bench-population-gluon-f8"),
+    (["engine-bench-7b-population-gluon.yaml", "engine-bench-7b-population-gluon-areg.yaml"],
+     "128/128/64/8/4/swap/tma/gluon/areg", "engine-bench-population-gluon-areg"),
     (["engine-bench-7b-population-continuous.yaml", "engine-bench-7b-population-continuous-gluon-f8.yaml"],
      "128/128/64/8/4/swap/tma/gluon/f8", "engine-bench-population-continuous-gluon-f8")])
 def test_the_gluon_population_overlays_plan_one_and_eight_seeds_through_their_launch(tmp_path, overlays, launch, claim):
-    """config/presets/engine-bench-7b-population-gluon.yaml (and its eight-forming-warp overlay), and the
+    """config/presets/engine-bench-7b-population-gluon.yaml (and its eight-forming-warp and /areg overlays), and the
     continuous overlay's Gluon overlay, after the population preset: one seed at a time and eight together, the
     population decode's launch the Gluon kernel's, into a record of its own (a plan)."""
     files = ["engine-bench-7b-population.yaml", *overlays]
