@@ -173,6 +173,8 @@ def test_fragment_order_gives_each_formed_weight_its_own_column(block_k):
     tiles = tiles.reshape(8, 3, 4, block_k // 8, 2).permute(0, 1, 3, 2, 4).reshape(8, 3 * block_k)
     reordered = fragment_order(x, block_k)
     assert reordered.shape == (5, 3 * block_k) and reordered.is_contiguous()
+    strided = x[:, :2 * block_k].T.contiguous().T  # whole steps, not contiguous: no padding copies it
+    assert torch.equal(fragment_order(strided, block_k), reordered[:, :2 * block_k])
     torch.testing.assert_close(reordered @ tiles.T, x @ w.T, rtol=1e-12, atol=1e-12)
     assert not torch.allclose(F.pad(x, (0, block_k - 32)) @ tiles.T, x @ w.T, rtol=1e-3, atol=1e-3)
 

@@ -645,7 +645,7 @@ def fragment_order(x: torch.Tensor, block_k: int) -> torch.Tensor:
     M, K = x.shape
     if K % block_k:
         x = F.pad(x, (0, block_k - K % block_k))
-    return x.view(M, -1, 4, block_k // 8, 2).transpose(2, 3).reshape(M, -1)
+    return x.reshape(M, -1, 4, block_k // 8, 2).transpose(2, 3).reshape(M, -1)
 
 
 def add_parts_reference(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
