@@ -7,7 +7,8 @@ the base weights beat S single-seed steps.
 One decoder layer's seven linears (q, k, v with their biases, o, gate, up, down) at the shape's sizes in bf16
 (fp32 on the CPU), `--rows` rows per seed (a seed's slots in a population decode step), for each S of
 `--seeds-per-step`; q, k and v read the same rows, as gate and up do (a /areg launch forming the weights takes
-each input reordered once a layer, timed with it, as the population decode reorders them). Each repeat times, as the median of `--reps` calls between CUDA events (wall clock on the CPU):
+each input reordered once a layer, timed with it, as the population decode reorders them). Each repeat times, as
+the median of `--reps` calls between CUDA events (wall clock on the CPU):
 - `formed_ms`: every seed's rows through torch's F.linear on that seed's weights formed beforehand (the GEMMs of
   S single-seed decode steps: each seed's weights read once per seed);
 - per launch of `--launches` (kernels/seeded_linear.py's SeededLaunch): `unperturbed_ms`, the seeded kernel with

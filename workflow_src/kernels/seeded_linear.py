@@ -166,8 +166,8 @@ class SeededLaunch:
         if self.areg and self.block_n != 16 * self.num_warps:
             raise ValueError(f"seeded linear: launch {self} forms its weight tile in its {self.num_warps} warps' wgmma "
                              f"fragments (/areg), 16 rows a warp, once: block_n must be {16 * self.num_warps} (fewer "
-                             "rows would have warps form and multiply the same rows twice; more, a thread hold two "
-                             "rows' sets of registers twice, which spills)")
+                             "rows would have warps form and multiply the same rows twice; more would give each "
+                             "thread a second set of rows, which spills)")
         if self.form_warps != 4 and not self.gluon:
             raise ValueError(f"seeded linear: launch {self} names forming warps (/f{self.form_warps}), which only the "
                              f"Gluon kernel has: add /gluon or drop /f{self.form_warps}")
