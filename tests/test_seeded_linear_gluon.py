@@ -194,8 +194,8 @@ def test_rows_in_fragment_order_are_for_a_forming_areg_launch_over_whole_steps()
 def test_a_population_reorders_rows_once_for_the_linears_that_read_them(monkeypatch):
     """SeededWeights.linear under a /areg launch hands the seeded linear its rows in fragment order, reordered once
     for consecutive linears on the same x (a layer's q, k and v; gate and up) and again once x is written in place
-    or another x comes; rows a launch does not reorder (an unperturbed weight, K not whole steps, another launch)
-    go as they are."""
+    or another x comes (and every time for an inference tensor, which keeps no version counter); rows a launch does
+    not reorder (an unperturbed weight, K not whole steps, another launch) go as they are."""
     taken, orders = [], []
     monkeypatch.setattr(seeded_weights, "seeded_linear", lambda rows, weight, *a, fragment_ordered, **kw:
                         taken.append((rows, fragment_ordered)) or rows.new_zeros(rows.shape[0], weight.shape[0]))
@@ -214,12 +214,17 @@ def test_a_population_reorders_rows_once_for_the_linears_that_read_them(monkeypa
     weights.linear(x, model["a"].weight, None, groups)
     weights.linear(x.clone(), model["b"].weight, None, groups)
     assert orders == [64] * 3 and torch.equal(taken[-2][0], fragment_order(x.reshape(6, 128), 64))
+    with torch.inference_mode():  # an inference tensor keeps no version counter: reordered every time
+        y = torch.randn(2, 3, 128).bfloat16()
+        weights.linear(y, model["a"].weight, None, groups)
+        weights.linear(y, model["b"].weight, None, groups)
+    assert orders == [64] * 5
     del taken[:]
     weights.linear(x, model["c"].weight, None, groups)
     weights.linear(torch.randn(2, 3, 96).bfloat16(), model["d"].weight, None, groups)
     plain = SeededWeights(model, backend="triton", launch=LAUNCHES[0])
     plain.linear(x, model["a"].weight, None, groups)
-    assert orders == [64] * 3 and not any(ordered for _, ordered in taken)
+    assert orders == [64] * 5 and not any(ordered for _, ordered in taken)
     assert torch.equal(taken[0][0], x.reshape(6, 128)) and torch.equal(taken[2][0], x.reshape(6, 128))
 
 

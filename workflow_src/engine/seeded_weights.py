@@ -158,6 +158,8 @@ class SeededWeights:
         launch = self.launch
         if not (self.backend == "triton" and launch.areg and offset is not None and x.shape[-1] % launch.block_k == 0):
             return rows, False
+        if x.is_inference():  # no version counter to tell a write by: reordered every time
+            return fragment_order(rows, launch.block_k), True
         if self._ordered is None or self._ordered[0] is not x or self._ordered[1] != x._version:
             self._ordered = (x, x._version, fragment_order(rows, launch.block_k))
         return self._ordered[2], True
