@@ -94,6 +94,6 @@ def test_the_gpu_tests_script_runs_the_tests_marked_gpu_at_the_carried_commit(tm
     head = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert f"gpu_tests: at commit {head.strip()}" in run.stdout
-    assert "1 skipped" in run.stdout and "deselected" in run.stdout  # only the test marked gpu, skipped on a CPU
+    assert "2 skipped" in run.stdout and "deselected" in run.stdout  # only the tests marked gpu, skipped on a CPU
     bad = subprocess.run(["bash", "scripts/gpu_tests.sh", "soon"], cwd=clone, capture_output=True, text=True)
     assert bad.returncode == 2 and "usage" in bad.stderr
