@@ -137,10 +137,11 @@ def measure(linears: list[dict], seeds_per_step: list[int], rows: int, launches:
             reads = {INPUT_OF[lin["name"]] for lin in only}
 
             def run():
-                rows = {into: fragment_order(inputs[into], plain.block_k) for into in reads} if ordered else {}
+                reordered = {into: fragment_order(inputs[into], plain.block_k) for into in reads} if ordered else {}
                 for lin in only:
-                    seeded_linear(rows.get(INPUT_OF[lin["name"]], x[lin["name"]]), lin["weight"], lin["bias"], groups,
-                                  lin["weight_offset"] if perturb else None, lin["bias_offset"] if perturb else None,
+                    seeded_linear(reordered.get(INPUT_OF[lin["name"]], x[lin["name"]]), lin["weight"], lin["bias"],
+                                  groups, lin["weight_offset"] if perturb else None,
+                                  lin["bias_offset"] if perturb else None,
                                   scheme=SCHEME, backend="triton", launch=plain, words=words.get(lin["name"]),
                                   fragment_ordered=ordered)
             return run

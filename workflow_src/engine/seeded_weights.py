@@ -51,6 +51,7 @@ from workflow_src.kernels.seeded_linear import (
     fragment_order,
     perturbed,
     population_tables,
+    reorders_rows,
     seeded_linear,
 )
 from workflow_src.kernels.swiglu import silu_mul
@@ -156,7 +157,7 @@ class SeededWeights:
         replays the one reorder."""
         rows = x.reshape(-1, x.shape[-1])
         launch = self.launch
-        if not (self.backend == "triton" and launch.areg and offset is not None and x.shape[-1] % launch.block_k == 0):
+        if not (self.backend == "triton" and reorders_rows(launch, offset) and x.shape[-1] % launch.block_k == 0):
             return rows, False
         if x.is_inference():  # no version counter to tell a write by: reordered every time
             return fragment_order(rows, launch.block_k), True

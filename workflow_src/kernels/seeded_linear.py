@@ -306,7 +306,7 @@ def seeded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     backend's; with its `words`, `words` is the groups' table of the weight's hash words (`sign_words_table`).
     `fragment_ordered`: x's columns come already in a /areg launch's fragment order (`fragment_order`; K whole
     block_k steps), for a caller whose linears read the same rows to reorder them once."""
-    if fragment_ordered and not (launch.areg and weight_offset is not None and x.shape[1] % launch.block_k == 0):
+    if fragment_ordered and not (reorders_rows(launch, weight_offset) and x.shape[1] % launch.block_k == 0):
         raise ValueError(f"seeded linear: rows in fragment order are for a /areg launch forming its weight, K whole "
                          f"steps (launch {launch}, K {x.shape[1]}, weight offset {weight_offset})")
     schemes.check_scheme(scheme)
@@ -624,7 +624,7 @@ def _gluon(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, la
     from workflow_src.kernels import seeded_linear_gluon
     M, K = x.shape
     N = weight.shape[0]
-    if launch.areg and weight_offset is not None and not fragment_ordered:
+    if reorders_rows(launch, weight_offset) and not fragment_ordered:
         x = fragment_order(x, launch.block_k)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     parts = split_parts(len(tables[0]) * m_tiles * triton.cdiv(N, launch.block_n), triton.cdiv(K, launch.block_k),
@@ -635,6 +635,11 @@ def _gluon(x, weight, bias, tables, m_tiles: int, weight_offset, bias_offset, la
     if parts > 1:
         add_parts(out, y, False)
     return y
+
+
+def reorders_rows(launch: SeededLaunch, weight_offset: int | None) -> bool:
+    """Whether `launch` takes its rows in fragment order (`fragment_order`): a /areg launch forming its weight."""
+    return launch.areg and weight_offset is not None
 
 
 def fragment_order(x: torch.Tensor, block_k: int) -> torch.Tensor:
